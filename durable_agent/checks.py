@@ -1,0 +1,128 @@
+"""System checks for the DURABLE_AGENT settings (ids ``durable_agent.E001``...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
+
+from durable_agent import conf
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    raw = getattr(settings, "DURABLE_AGENT", {})
+    if not isinstance(raw, dict):
+        return [
+            Error(
+                "DURABLE_AGENT must be a dict.",
+                hint="Set DURABLE_AGENT = {} or a dict of the settings in docs/settings.md.",
+                id="durable_agent.E001",
+            )
+        ]
+    known = {s.name for s in conf.SETTINGS}
+    for name in sorted(set(raw) - known):
+        errors.append(
+            Error(
+                f"DURABLE_AGENT has an unknown setting {name!r}.",
+                hint=f"Known settings: {', '.join(sorted(known))}.",
+                id="durable_agent.E002",
+            )
+        )
+    for setting in conf.SETTINGS:
+        if setting.name not in raw:
+            continue
+        value = raw[setting.name]
+        if isinstance(value, bool) or not isinstance(value, setting.kind):
+            errors.append(
+                Error(
+                    f"DURABLE_AGENT[{setting.name!r}] must be of type {_kind(setting.kind)}, "
+                    f"not {type(value).__name__}.",
+                    hint=setting.doc,
+                    id="durable_agent.E003",
+                )
+            )
+            continue
+        if isinstance(value, int) and (
+            (setting.minimum is not None and value < setting.minimum)
+            or (setting.maximum is not None and value > setting.maximum)
+        ):
+            errors.append(
+                Error(
+                    f"DURABLE_AGENT[{setting.name!r}] = {value} is outside "
+                    f"{setting.minimum}..{setting.maximum}.",
+                    hint=setting.doc,
+                    id="durable_agent.E004",
+                )
+            )
+        if setting.name in ("CLOCK", "RANDOM", "ALARM_TASK") and isinstance(value, str):
+            try:
+                target = import_string(value)
+            except ImportError as exc:
+                errors.append(
+                    Error(
+                        f"DURABLE_AGENT[{setting.name!r}] = {value!r} cannot be imported: {exc}",
+                        id="durable_agent.E005",
+                    )
+                )
+            else:
+                if not callable(target):
+                    errors.append(
+                        Error(
+                            f"DURABLE_AGENT[{setting.name!r}] = {value!r} is not callable.",
+                            id="durable_agent.E006",
+                        )
+                    )
+    base = raw.get("ALARM_BACKOFF_BASE_MS", conf.get("ALARM_BACKOFF_BASE_MS"))
+    cap = raw.get("ALARM_BACKOFF_CAP_MS", conf.get("ALARM_BACKOFF_CAP_MS"))
+    if isinstance(base, int) and isinstance(cap, int) and cap < base:
+        errors.append(
+            Error(
+                "DURABLE_AGENT ALARM_BACKOFF_CAP_MS is below ALARM_BACKOFF_BASE_MS.",
+                hint="The cap bounds base * 2^stalls; make it at least the base.",
+                id="durable_agent.E007",
+            )
+        )
+    errors.extend(_check_q_cluster())
+    return errors
+
+
+def _check_q_cluster() -> list[CheckMessage]:
+    cluster = getattr(settings, "Q_CLUSTER", None)
+    if not isinstance(cluster, dict):
+        return [
+            Warning(
+                "Q_CLUSTER is not set; django-q2 will not run the alarm slots.",
+                hint="Configure Q_CLUSTER with the ORM broker (see docs/settings.md).",
+                id="durable_agent.W001",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    orm = cluster.get("orm")
+    if orm is not None and orm != "default":
+        messages.append(
+            Warning(
+                f"Q_CLUSTER['orm'] is {orm!r}: alarm enqueueing then cannot join the "
+                "source transaction on 'default'.",
+                hint="Use the ORM broker on the same alias as your source writes.",
+                id="durable_agent.W002",
+            )
+        )
+    timeout, retry = cluster.get("timeout"), cluster.get("retry")
+    if timeout is None or retry is None or timeout >= retry:
+        messages.append(
+            Warning(
+                "Q_CLUSTER needs a 'timeout' below 'retry', or the broker redelivers running passes.",
+                hint="For example timeout=900 and retry=960.",
+                id="durable_agent.W003",
+            )
+        )
+    return messages
+
+
+def _kind(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("None" if k is type(None) else k.__name__ for k in kinds)

@@ -1,0 +1,102 @@
+"""Typed, lazily read settings: the ``DURABLE_AGENT`` dict in Django settings.
+
+Every value is read at call time, so ``override_settings(DURABLE_AGENT={...})`` works. Durations
+are milliseconds, as upstream. ``checks.py`` validates the dict (``durable_agent.E0xx``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    kind: type | tuple[type, ...]
+    minimum: int | None = None
+    maximum: int | None = None
+    doc: str = ""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("ALARM_BACKOFF_BASE_MS", 100, int, 1, 3_600_000,
+            "Base of the maintenance backoff; the minimum alarm delay is ceil(base / 2)."),
+    Setting("ALARM_BACKOFF_CAP_MS", 5_000, int, 1, 86_400_000,
+            "Cap of the no-progress and failure backoff of the native lane."),
+    Setting("MUTATION_TICKET_TTL_MS", 60_000, int, 1_000, 3_600_000,
+            "How long a mutation ticket of a crashed process blocks acknowledgement."),
+    Setting("PASS_LEASE_TTL_MS", 30_000, int, 1_000, 3_600_000,
+            "How long a crashed pass blocks its host."),
+    Setting("ALARM_TASK", "durable_agent.tasks.fire_alarm", str, None, None,
+            "The django-q task every alarm slot runs."),
+    Setting("ALARM_CLUSTER", None, (str, type(None)), None, None,
+            "django-q cluster name the alarm slots run on (None = the default cluster)."),
+    Setting("CLOCK", None, (str, type(None)), None, None,
+            "Dotted path to a zero-argument callable returning an aware datetime."),
+    Setting("RANDOM", None, (str, type(None)), None, None,
+            "Dotted path to a zero-argument callable returning a float in [0, 1)."),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _raw() -> dict[str, Any]:
+    value = getattr(settings, "DURABLE_AGENT", None) or {}
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def get(name: str) -> Any:
+    """Return the configured value of ``name`` (or its default)."""
+    setting = _BY_NAME[name]
+    return _raw().get(name, setting.default)
+
+
+def backoff_base_ms() -> int:
+    return int(get("ALARM_BACKOFF_BASE_MS"))
+
+
+def backoff_cap_ms() -> int:
+    return int(get("ALARM_BACKOFF_CAP_MS"))
+
+
+def minimum_alarm_delay_ms() -> int:
+    """``max(1, ceil(base / 2))``: 50 ms by default."""
+    return max(1, math.ceil(backoff_base_ms() / 2))
+
+
+def minimum_alarm_delay() -> timedelta:
+    return timedelta(milliseconds=minimum_alarm_delay_ms())
+
+
+def mutation_ticket_ttl() -> timedelta:
+    return timedelta(milliseconds=int(get("MUTATION_TICKET_TTL_MS")))
+
+
+def pass_lease_ttl() -> timedelta:
+    return timedelta(milliseconds=int(get("PASS_LEASE_TTL_MS")))
+
+
+def alarm_task() -> str:
+    return str(get("ALARM_TASK"))
+
+
+def alarm_cluster() -> str | None:
+    value = get("ALARM_CLUSTER")
+    return None if value is None else str(value)
+
+
+def clock_callable() -> Callable[[], datetime] | None:
+    path = get("CLOCK")
+    return None if path is None else import_string(path)  # type: ignore[no-any-return]
+
+
+def random_callable() -> Callable[[], float] | None:
+    path = get("RANDOM")
+    return None if path is None else import_string(path)  # type: ignore[no-any-return]

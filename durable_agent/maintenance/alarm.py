@@ -1,0 +1,218 @@
+"""The alarm slot: one django-q ``Schedule`` row per host (DESIGN section 4).
+
+Armed is ``repeats=1`` with ``next_run`` = the deadline; disarmed is ``repeats=0``. A ONCE
+schedule with ``repeats=-1`` is deleted when it fires, so -1 is never used. The three checkpoint
+operations, ``at`` (replace), ``earlier`` (keep the earlier) and ``cancel`` (disarm), are
+intents recorded inside an alarm transaction; the last one wins and is applied just before the
+transaction commits, together with the facts and lanes it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django_q.models import Schedule
+
+from durable_agent import clock, conf
+from durable_agent.errors import InvalidInput, RearmRefused
+from durable_agent.maintenance.due_queue import validate_deadline
+from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.models import AlarmAudit, Host, MaintenanceState
+
+if TYPE_CHECKING:
+    from durable_agent.maintenance.due_queue import DueQueue
+
+AT = "at"
+EARLIER = "earlier"
+CANCEL = "cancel"
+
+
+@dataclass
+class Checkpoint:
+    """The checkpoint intent of one alarm transaction; the last call wins."""
+
+    current: datetime | None
+    intent: tuple[str, datetime | None] | None = None
+
+    def at(self, when: datetime) -> None:
+        """Replace the slot with ``when`` (it may move later)."""
+        self.intent = (AT, validate_deadline(when, name="alarm time"))
+
+    def earlier(self, when: datetime) -> None:
+        """Arm the slot at ``when`` unless it already holds an earlier time."""
+        self.intent = (EARLIER, validate_deadline(when, name="alarm time"))
+
+    def cancel(self) -> None:
+        """Disarm the slot."""
+        self.intent = (CANCEL, None)
+
+    def target(self) -> datetime | None:
+        """The slot time once the intent is applied."""
+        if self.intent is None:
+            return self.current
+        operation, when = self.intent
+        if operation == AT:
+            return when
+        if operation == EARLIER:
+            assert when is not None
+            return when if self.current is None or self.current > when else self.current
+        return None
+
+
+def slot_deadline(schedule: Schedule | None) -> datetime | None:
+    """The deadline a schedule row holds, or None when it is disarmed or missing."""
+    if schedule is None or schedule.repeats == 0:
+        return None
+    value: datetime = schedule.next_run
+    return value
+
+
+def apply_checkpoint(host: Host, checkpoint: Checkpoint) -> datetime | None:
+    """Write the checkpoint's target to the host's schedule row (inside the alarm transaction)."""
+    target = checkpoint.target()
+    if checkpoint.intent is None or target == checkpoint.current:
+        return target
+    schedule = host.alarm
+    if schedule is None:
+        if target is None:
+            return None
+        schedule = Schedule.objects.create(
+            name=f"durable_agent:host:{host.pk}",
+            func=conf.alarm_task(),
+            args=repr(host.pk),
+            schedule_type=Schedule.ONCE,
+            repeats=1,
+            next_run=target,
+            intended_date_kwarg="deadline",
+            cluster=conf.alarm_cluster(),
+        )
+        Host.objects.filter(pk=host.pk).update(alarm=schedule)
+        host.alarm = schedule
+    elif target is None:
+        Schedule.objects.filter(pk=schedule.pk).update(repeats=0)
+        schedule.repeats = 0
+    else:
+        Schedule.objects.filter(pk=schedule.pk).update(next_run=target, repeats=1)
+        schedule.next_run, schedule.repeats = target, 1
+    checkpoint.current = target
+    return target
+
+
+def scheduled(host: Host | str | int) -> datetime | None:
+    """The time the host's slot holds (None when disarmed). Read-only."""
+    from durable_agent.maintenance.transactions import resolve_host_id
+
+    row = Host.objects.select_related("alarm").filter(pk=resolve_host_id(host)).first()
+    if row is None:
+        from durable_agent.errors import HostNotFound
+
+        raise HostNotFound(f"No host {host!r}", host=host)
+    return slot_deadline(row.alarm)
+
+
+def retry_deadline(state: MaintenanceState) -> datetime | None:
+    """The durable native backoff floor, when it belongs to the current generation."""
+    if state.retry_generation is not None and state.retry_generation == state.dirty:
+        return state.retry_not_before
+    return None
+
+
+def computed_deadline(state: MaintenanceState, queue: DueQueue, now: datetime) -> datetime | None:
+    """Recompute the slot from the state and the lanes (the ``ensure_alarm`` rule).
+
+    A dirty generation owes the native lane a deadline (its durable backoff floor when one
+    matches, else its own deadline, else now); the slot is then the earliest lane deadline,
+    never sooner than the minimum alarm delay.
+    """
+    if state.dirty > state.processed:
+        native_row = queue.find(NATIVE)
+        retry_at = retry_deadline(state)
+        if retry_at is not None:
+            native: datetime | None = retry_at
+        elif native_row is not None and native_row.due_at is not None:
+            native = native_row.due_at
+        else:
+            native = now + conf.minimum_alarm_delay()
+    else:
+        native = None
+    queue.checkpoint_native(native)
+    earliest = queue.next()
+    if earliest is None:
+        return None
+    return max(now + conf.minimum_alarm_delay(), earliest)
+
+
+def _actor_name(actor: Any) -> str:
+    if actor is None:
+        return "system"
+    name = actor.get_username() if hasattr(actor, "get_username") else str(actor)
+    if not name.strip():
+        raise InvalidInput("An actor must have a name")
+    return str(name)[:200]
+
+
+def rearm(
+    host: Host | str | int,
+    at: datetime | None = None,
+    actor: Any = None,
+    reason: str = "",
+) -> datetime | None:
+    """Recompute the slot from the queue (or set ``at``) and write an :class:`AlarmAudit` row.
+
+    Args:
+        host: the host (a Host, its key or its id).
+        at: an explicit aware time; refused with :class:`RearmRefused` when work is already due
+            earlier than it (the slot must always hold the earliest deadline).
+        actor: who asked (a user, a token name or a string); "system" when None.
+        reason: free text kept in the audit row.
+
+    Returns:
+        The time the slot now holds, or None when nothing is due and the slot was disarmed.
+    """
+    from durable_agent.maintenance.transactions import run_alarm_transaction
+
+    if at is not None:
+        at = validate_deadline(at, name="at")
+    if not isinstance(reason, str):
+        raise InvalidInput("A reason must be a string")
+    actor_name = _actor_name(actor)
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
+        now = clock.now()
+        old = checkpoint.current
+        computed = computed_deadline(state, queue, now)
+        if at is None:
+            new = computed
+        elif computed is not None and at > computed:
+            raise RearmRefused(
+                "rearm maintenance alarm",
+                f"{at.isoformat()} would postpone work due at {computed.isoformat()}; "
+                "choose a time no later than that, or omit it to recompute",
+                computed=computed,
+                requested=at,
+            )
+        else:
+            new = at
+        if new is None:
+            checkpoint.cancel()
+        else:
+            checkpoint.at(new)
+        AlarmAudit.objects.create(
+            host_id=state.host_id,
+            actor=actor_name,
+            action="rearm",
+            reason=reason,
+            old_deadline=old,
+            new_deadline=new,
+            generation=state.dirty,
+            detail={
+                "requested": at.isoformat() if at else None,
+                "computed": computed.isoformat() if computed else None,
+            },
+            at=now,
+        )
+        return new
+
+    return run_alarm_transaction(host, "rearm maintenance alarm", fn)

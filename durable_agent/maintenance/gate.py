@@ -1,0 +1,424 @@
+"""The mutation gate: how producers admit work so that no accepted work is ever lost.
+
+Every actionable mutation advances the host's durable generation and arms its alarm in the same
+commit as the source facts (``transaction``), or before its body runs (``mutation``)::
+
+    with gate.transaction(host) as tx:          # the outermost source transaction
+        Outbox.objects.create(...)
+        tx.schedule("outbox", due_at)           # buffered; flushed just before COMMIT
+        tx.record_progress(["outbox"])          # source progress: replenishes the lane
+
+    with gate.mutation(host, lanes=("outbox",)):  # prearmed: generation + alarm commit first
+        call_remote_service()
+
+Note [Buffered intent]
+    ``gate.transaction`` buffers lane intent in a frame and replays it in one alarm transaction
+    right before the source transaction commits, so the host's locks are held only for that
+    tail. A nested ``gate.transaction`` is a child frame (a savepoint): its intent merges into
+    the parent when it succeeds and is discarded when it fails. A raw ``transaction.atomic``
+    between two frames, or around the outermost one, cannot own buffered intent and is refused.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TypeVar
+
+from django.db import DatabaseError
+from django.db import transaction as db_transaction
+
+from durable_agent import clock, conf
+from durable_agent.errors import AlarmError, GateMisuse, InvalidInput
+from durable_agent.maintenance import failpoints, registry
+from durable_agent.maintenance.alarm import Checkpoint
+from durable_agent.maintenance.due_queue import DueQueue, validate_cursor, validate_deadline
+from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
+from durable_agent.maintenance.transactions import (
+    resolve_host_id,
+    run_alarm_transaction,
+    user_atomic_depth,
+)
+from durable_agent.models import Host, MaintenanceState, MutationTicket
+
+T = TypeVar("T")
+HostRef = Host | str | int
+
+# Lanes enrolled by the enclosing gate.mutation blocks, per host id.
+_mutation_lanes: contextvars.ContextVar[dict[int, frozenset[str]]] = contextvars.ContextVar(
+    "durable_agent_mutation_lanes", default={}
+)
+# True while maintenance itself calls the runtime: such writes do not advance `dirty`.
+_native_source: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "durable_agent_native_source", default=False
+)
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    host_id: int
+    lane: str
+    due_at: datetime
+    cursor: int | None
+    now: datetime
+
+
+@dataclass(frozen=True)
+class _Progress:
+    host_id: int
+    lanes: frozenset[str]
+    now: datetime
+    native_source: bool
+
+
+_Op = _Schedule | _Progress
+
+
+@dataclass
+class _Frame:
+    host_id: int
+    depth: int
+    parent: _Frame | None
+    ops: list[_Op] = field(default_factory=list)
+    active: bool = True
+
+
+def _frames() -> list[_Frame]:
+    frames: list[_Frame] | None = getattr(_local, "frames", None)
+    if frames is None:
+        frames = _local.frames = []
+    return frames
+
+
+def _owning_frame(operation: str, message: str) -> _Frame | None:
+    """The frame owning the current transaction; None outside every frame; raise if not owned."""
+    frames = _frames()
+    if not frames:
+        return None
+    top = frames[-1]
+    if top.active and top.depth == user_atomic_depth():
+        return top
+    raise GateMisuse(operation, message)
+
+
+class SourceTransaction:
+    """The handle ``gate.transaction`` yields: buffers lane intent for its frame."""
+
+    def __init__(self, frame: _Frame) -> None:
+        self._frame = frame
+
+    @property
+    def host_id(self) -> int:
+        return self._frame.host_id
+
+    def _require_owner(self, operation: str, message: str) -> None:
+        frames = _frames()
+        if not self._frame.active or not frames or frames[-1] is not self._frame:
+            raise GateMisuse(operation, message)
+        if user_atomic_depth() != self._frame.depth:
+            raise GateMisuse(
+                "enroll maintenance source",
+                "Nested source scheduling requires gate.transaction "
+                "(a raw transaction.atomic cannot own maintenance intent)",
+            )
+
+    def schedule(
+        self, lane: str, due_at: datetime, progress_cursor: int | None = None
+    ) -> None:
+        """Enroll ``lane`` for ``due_at``; a strictly increasing cursor is source progress."""
+        self._require_owner(
+            "enroll maintenance source",
+            "tx.schedule must be called inside its own gate.transaction block",
+        )
+        self._frame.ops.append(_schedule_op(self._frame.host_id, lane, due_at, progress_cursor))
+
+    def record_progress(self, lanes: Iterable[str] = ()) -> None:
+        """Record committed source progress on ``lanes`` (and on the enclosing mutation's)."""
+        self._require_owner(
+            "record source progress",
+            "Source progress requires its authoritative transaction: call tx.record_progress "
+            "inside its gate.transaction block",
+        )
+        op = _progress_op(self._frame.host_id, lanes)
+        if op is not None:
+            self._frame.ops.append(op)
+
+
+def _schedule_op(host_id: int, lane: str, due_at: datetime, cursor: int | None) -> _Schedule:
+    return _Schedule(
+        host_id=host_id,
+        lane=validate_lane_id(lane),
+        due_at=validate_deadline(due_at),
+        cursor=None if cursor is None else validate_cursor(cursor),
+        now=clock.now(),
+    )
+
+
+def _progress_op(host_id: int, lanes: Iterable[str]) -> _Progress | None:
+    if isinstance(lanes, str):
+        raise InvalidInput("lanes must be a list of lane ids, not a string", lanes=lanes)
+    affected = {validate_lane_id(lane) for lane in lanes}
+    affected |= _mutation_lanes.get().get(host_id, frozenset())
+    if not registry.requires_publication():
+        affected.discard(PUBLICATION)
+    if PUBLICATION in affected:
+        affected.add(NATIVE)
+    if not affected:
+        return None
+    return _Progress(host_id, frozenset(affected), clock.now(), _native_source.get())
+
+
+def _replay(op: _Op, state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+    delay = conf.minimum_alarm_delay()
+    if isinstance(op, _Schedule):
+        if op.cursor is None:
+            queue.dirty(op.lane, op.due_at)
+        elif queue.progress(op.lane, op.due_at, op.cursor) and op.lane in (NATIVE, PUBLICATION):
+            if op.lane == PUBLICATION:
+                queue.dirty(NATIVE, op.due_at, progress=True)
+            _clear_retry(state)
+            state.dirty += 1
+        earliest = queue.next()
+        if earliest is not None:
+            checkpoint.earlier(max(earliest, op.now + delay))
+        return
+    for lane in sorted(op.lanes):
+        queue.dirty(lane, op.now, progress=True)
+    if NATIVE in op.lanes and (not op.native_source or state.retry_generation is not None):
+        _clear_retry(state)
+        state.dirty += 0 if op.native_source else 1
+    checkpoint.earlier(op.now + delay)
+
+
+def _clear_retry(state: MaintenanceState) -> None:
+    state.retry_generation = None
+    state.retry_not_before = None
+    state.retry_native_only = None
+    state.retry_stalls = None
+
+
+def _flush(frame: _Frame) -> None:
+    by_host: dict[int, list[_Op]] = {}
+    for op in frame.ops:
+        by_host.setdefault(op.host_id, []).append(op)
+    for host_id in sorted(by_host):  # one host at a time, in id order
+        ops = by_host[host_id]
+
+        def replay(
+            state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, ops: list[_Op] = ops
+        ) -> None:
+            for op in ops:
+                _replay(op, state, queue, checkpoint)
+
+        run_alarm_transaction(host_id, "commit maintenance source intent", replay)
+
+
+@contextmanager
+def transaction(host: HostRef) -> Iterator[SourceTransaction]:
+    """Open the outermost source transaction (or a child frame inside one).
+
+    The yielded handle buffers lane intent; the outermost frame replays it in one alarm
+    transaction just before its ``COMMIT``, so facts, generation, lanes and alarm commit
+    together. One commit in all.
+    """
+    host_id = resolve_host_id(host)
+    frames = _frames()
+    parent = frames[-1] if frames else None
+    depth = user_atomic_depth()
+    if depth > 0 and (parent is None or parent.depth != depth or not parent.active):
+        raise GateMisuse(
+            "begin maintenance source transaction",
+            "Use gate.transaction at the outermost source transaction: an enclosing raw "
+            "transaction.atomic cannot own buffered maintenance intent",
+        )
+    committing = False
+    try:
+        with db_transaction.atomic():
+            frame = _Frame(host_id=host_id, depth=depth + 1, parent=parent)
+            frames.append(frame)
+            try:
+                yield SourceTransaction(frame)
+                if parent is None:
+                    _flush(frame)
+            finally:
+                frame.active = False
+                frames.pop()
+            committing = parent is None
+    except DatabaseError as exc:
+        if committing:
+            raise AlarmError(
+                "commit maintenance checkpoint",
+                "Source facts and maintenance checkpoint could not commit",
+            ) from exc
+        raise
+    if parent is not None:
+        parent.ops.extend(frame.ops)
+
+
+def schedule(
+    host: HostRef, lane: str, due_at: datetime, progress_cursor: int | None = None
+) -> None:
+    """Enroll ``lane`` for ``due_at`` without accelerating its retry floor.
+
+    Inside a ``gate.transaction`` block this joins its buffered intent; elsewhere it runs its
+    own alarm transaction (inside a raw ``transaction.atomic`` it joins that through a
+    savepoint). A strictly increasing ``progress_cursor`` (a committed source fact id, never a
+    clock or attempt counter) replenishes the lane's budget; an equal or older one is a replay.
+    """
+    host_id = resolve_host_id(host)
+    op = _schedule_op(host_id, lane, due_at, progress_cursor)
+    frame = _owning_frame(
+        "enroll maintenance source",
+        "Nested source scheduling requires gate.transaction "
+        "(a raw transaction.atomic cannot own maintenance intent)",
+    )
+    if frame is not None:
+        frame.ops.append(op)
+        return
+    run_alarm_transaction(
+        host_id, "schedule maintenance lane", lambda s, q, c: _replay(op, s, q, c)
+    )
+
+
+def record_progress(host: HostRef, lanes: Iterable[str] = ()) -> None:
+    """Module-level ``tx.record_progress`` for the innermost ``gate.transaction`` block."""
+    host_id = resolve_host_id(host)
+    frames = _frames()
+    if not frames or frames[-1].depth != user_atomic_depth():
+        raise GateMisuse(
+            "record source progress",
+            "Source progress requires its authoritative transaction: call it inside "
+            "gate.transaction",
+        )
+    op = _progress_op(host_id, lanes)
+    if op is not None:
+        frames[-1].ops.append(op)
+
+
+@contextmanager
+def mutation(
+    host: HostRef, *, invalidates_recovery: bool = True, lanes: Iterable[str] = ()
+) -> Iterator[None]:
+    """Prearm a mutation: advance the generation and arm the alarm, commit, then run the body.
+
+    Must run outside any transaction (the prearm must commit first). Two commits in all: the
+    prearm, then the body's own. While the body runs a :class:`MutationTicket` keeps the pass
+    from acknowledging; it is deleted when the body ends, and expires after
+    ``MUTATION_TICKET_TTL_MS`` if the process dies.
+
+    Args:
+        host: the host (a Host, its key or its id).
+        invalidates_recovery: the mutation is native work (admission, approval, abort...): it
+            enrolls the native lane and advances ``dirty``.
+        lanes: host lanes the mutation creates work for (crash fallback enrollment).
+    """
+    if isinstance(lanes, str):
+        raise InvalidInput("lanes must be a list of lane ids, not a string", lanes=lanes)
+    lane_ids = tuple(dict.fromkeys(validate_lane_id(lane) for lane in lanes))
+    if user_atomic_depth() > 0:
+        raise GateMisuse(
+            "prearm maintenance mutation",
+            "Run the mutation outside the source transaction so prearming commits first",
+        )
+    host_id = resolve_host_id(host)
+    failpoints.hit("maintenance:dirty:before")
+    ticket_id, enrolled = _prearm(host_id, bool(invalidates_recovery), lane_ids)
+    token = _mutation_lanes.set(
+        {**_mutation_lanes.get(), host_id: _mutation_lanes.get().get(host_id, frozenset()) | enrolled}
+    )
+    try:
+        failpoints.hit("maintenance:dirty:after")
+        failpoints.hit("maintenance:mutation:armed")
+        yield
+        native_only = sorted(enrolled & {NATIVE, PUBLICATION})
+        if native_only != sorted(enrolled):  # release host lanes; native keeps its guard
+            MutationTicket.objects.filter(pk=ticket_id).update(lanes=native_only)
+        failpoints.hit("maintenance:mutation:finished")
+    finally:
+        _mutation_lanes.reset(token)
+        _end_mutation(host_id, ticket_id)
+
+
+def _prearm(
+    host_id: int, invalidates_recovery: bool, lanes: tuple[str, ...]
+) -> tuple[int, frozenset[str]]:
+    now = clock.now()
+    native_source = _native_source.get()
+    publication = registry.requires_publication()
+    enrolled = set(lanes)
+    if invalidates_recovery:
+        enrolled.add(NATIVE)
+        if publication:
+            enrolled.add(PUBLICATION)
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> int:
+        ticket = MutationTicket.objects.create(
+            host_id=host_id,
+            lanes=sorted(enrolled),
+            invalidates_recovery=invalidates_recovery,
+            created_at=now,
+            expires_at=now + conf.mutation_ticket_ttl(),
+        )
+        if invalidates_recovery:
+            queue.dirty(NATIVE, now)  # enrollment, not progress
+            if publication:
+                queue.dirty(PUBLICATION, now)
+        for lane in lanes:
+            queue.dirty(lane, now)  # crash fallback only
+        if invalidates_recovery and not native_source:
+            state.dirty += 1
+        earliest = queue.next()
+        if earliest is not None:
+            checkpoint.earlier(max(earliest, now + conf.minimum_alarm_delay()))
+        return int(ticket.pk)
+
+    ticket_id = run_alarm_transaction(host_id, "advance maintenance generation", fn)
+    return ticket_id, frozenset(enrolled)
+
+
+def _end_mutation(host_id: int, ticket_id: int) -> None:
+    """Delete the ticket and pull the slot forward to whatever is due (a promptness hint)."""
+    now = clock.now()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+        MutationTicket.objects.filter(pk=ticket_id).delete()
+        earliest = queue.next()
+        if earliest is not None:
+            checkpoint.earlier(max(now, earliest))
+
+    run_alarm_transaction(host_id, "finish maintenance mutation", fn)
+
+
+@contextmanager
+def native_source() -> Iterator[None]:
+    """Mark writes made by maintenance itself: they do not advance the generation."""
+    token = _native_source.set(True)
+    try:
+        yield
+    finally:
+        _native_source.reset(token)
+
+
+def snapshot(host: HostRef, fn: Callable[[int], T]) -> T:
+    """Run ``fn(live_ticket_count)`` under the host's generation lock."""
+
+    def run(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> T:
+        return fn(MutationTicket.objects.filter(host_id=state.host_id).live(now=clock.now()).count())
+
+    return run_alarm_transaction(host, "snapshot maintenance generation", run)
+
+
+def active_lanes(host: HostRef) -> frozenset[str]:
+    """The lanes enrolled by live mutation tickets of ``host``."""
+    host_id = resolve_host_id(host)
+    lanes: set[str] = set()
+    for ticket_lanes in MutationTicket.objects.filter(host_id=host_id).live(
+        now=clock.now()
+    ).values_list("lanes", flat=True):
+        lanes.update(ticket_lanes)
+    return frozenset(lanes)

@@ -1,0 +1,176 @@
+"""Alarm transactions: facts, lanes and the alarm slot commit or roll back together.
+
+Note [Lock order]
+    Every alarm transaction locks the host's maintenance state row first, then its lanes, then
+    writes the schedule row. Nothing else takes these locks in another order, and one alarm
+    transaction touches exactly one host, so alarm transactions cannot deadlock each other or
+    django-q's scheduler (which locks only schedule rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+
+from durable_agent import clock
+from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound
+from durable_agent.maintenance.alarm import Checkpoint, apply_checkpoint, slot_deadline
+from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.models import Host, MaintenanceState
+
+logger = logging.getLogger("durable_agent.maintenance")
+
+T = TypeVar("T")
+AlarmFn = Callable[[MaintenanceState, DueQueue, Checkpoint], T]
+
+_STATE_FIELDS = [
+    f.attname
+    for f in MaintenanceState._meta.concrete_fields
+    if f.attname not in ("host_id", "updated_at")
+]
+_local = threading.local()
+
+
+@dataclass
+class AlarmContext:
+    """What an alarm transaction holds while it runs."""
+
+    host_id: int
+    operation: str
+    state: MaintenanceState
+    queue: DueQueue
+    checkpoint: Checkpoint
+
+
+def resolve_host_id(host: Host | str | int) -> int:
+    """Return the primary key of ``host`` (a Host, its key, or its pk)."""
+    if isinstance(host, Host):
+        if host.pk is None:
+            raise HostNotFound("The host has not been saved", host=host)
+        return int(host.pk)
+    if isinstance(host, bool):
+        raise HostNotFound(f"No host {host!r}", host=host)
+    if isinstance(host, int):
+        return host
+    if isinstance(host, str):
+        pk = Host.objects.filter(key=host).values_list("pk", flat=True).first()
+        if pk is None:
+            raise HostNotFound(f"No host with key {host!r}", host=host)
+        return int(pk)
+    raise HostNotFound(f"A host is a Host, its key or its id, not {type(host).__name__}")
+
+
+def user_atomic_depth(using: str = DEFAULT_DB_ALIAS) -> int:
+    """How many ``transaction.atomic`` blocks the caller has open (a test case's do not count)."""
+    connection = connections[using]
+    return sum(1 for block in connection.atomic_blocks if not block._from_testcase)
+
+
+def current() -> AlarmContext | None:
+    """The alarm transaction this thread is inside, if any."""
+    stack: list[AlarmContext] = getattr(_local, "stack", [])
+    return stack[-1] if stack else None
+
+
+def require_alarm_transaction() -> AlarmContext:
+    """Return the current alarm transaction; raise if there is none."""
+    context = current()
+    if context is None:
+        raise AlarmError(
+            "require alarm transaction",
+            "This helper must run inside run_alarm_transaction (it never opens its own)",
+        )
+    return context
+
+
+def lock_state(host_id: int) -> MaintenanceState:
+    """Lock the host's state row, creating it (``dirty=1, processed=0``) on first use."""
+    query = MaintenanceState.objects.select_for_update(of=("self",)).select_related(
+        "host", "host__alarm"
+    )
+    state = query.filter(host_id=host_id).first()
+    if state is not None:
+        return state
+    if not Host.objects.filter(pk=host_id).exists():
+        raise HostNotFound(f"No host with id {host_id}", host=host_id)
+    MaintenanceState.objects.bulk_create([MaintenanceState(host_id=host_id)], ignore_conflicts=True)
+    return query.get(host_id=host_id)
+
+
+def _state_values(state: MaintenanceState) -> dict[str, Any]:
+    return {name: getattr(state, name) for name in _STATE_FIELDS}
+
+
+@contextmanager
+def _entered(context: AlarmContext) -> Iterator[AlarmContext]:
+    stack: list[AlarmContext] = getattr(_local, "stack", None) or []
+    _local.stack = stack
+    stack.append(context)
+    try:
+        yield context
+    finally:
+        stack.pop()
+
+
+def run_alarm_transaction(host: Host | str | int, operation: str, fn: AlarmFn[T]) -> T:
+    """Run ``fn(state, queue, checkpoint)`` in one transaction with the host's locks held.
+
+    Changed state fields and lanes are written (lanes with a revision compare-and-set) and the
+    last checkpoint intent is applied to the slot, all before the transaction commits. Inside an
+    ambient ``transaction.atomic`` this joins it through a savepoint. Errors other than
+    :class:`DurableAgentError` become :class:`AlarmError` ``(operation, message)``; nothing is
+    committed either way.
+    """
+    host_id = resolve_host_id(host)
+    outermost = user_atomic_depth() == 0
+    committing = False
+    try:
+        with transaction.atomic():
+            state = lock_state(host_id)
+            if state.dirty < 0 or state.processed < 0:
+                raise AlarmError(operation, "Maintenance generations must not be negative")
+            queue = DueQueue.load(host_id)
+            queue.register(NATIVE)  # the gate's construction: the native lane always exists
+            checkpoint = Checkpoint(current=slot_deadline(state.host.alarm))
+            before = _state_values(state)
+            context = AlarmContext(host_id, operation, state, queue, checkpoint)
+            with _entered(context):
+                result = fn(state, queue, checkpoint)
+                _flush_state(state, before, operation)
+                queue.flush()
+                apply_checkpoint(state.host, checkpoint)
+            committing = outermost
+        return result
+    except DurableAgentError:
+        raise
+    except DatabaseError as exc:
+        if committing:
+            raise AlarmError(
+                "commit maintenance checkpoint",
+                "Source facts and maintenance checkpoint could not commit",
+            ) from exc
+        raise AlarmError(operation, _safe_message(exc)) from exc
+    except Exception as exc:
+        raise AlarmError(operation, _safe_message(exc)) from exc
+
+
+def _flush_state(state: MaintenanceState, before: dict[str, Any], operation: str) -> None:
+    after = _state_values(state)
+    changed = {name: value for name, value in after.items() if before[name] != value}
+    if not changed:
+        return
+    if state.dirty < 0 or state.processed < 0:
+        raise AlarmError(operation, "Maintenance generations must not be negative")
+    MaintenanceState.objects.filter(pk=state.pk).update(**changed, updated_at=clock.now())
+
+
+def _safe_message(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text[:500] or f"{type(exc).__name__} without a diagnostic"
