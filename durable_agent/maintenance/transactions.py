@@ -58,6 +58,8 @@ def resolve_host_id(host: Host | str | int) -> int:
     if isinstance(host, bool):
         raise HostNotFound(f"No host {host!r}", host=host)
     if isinstance(host, int):
+        if not Host.objects.filter(pk=host).exists():
+            raise HostNotFound(f"No host with id {host}", host=host)
         return host
     if isinstance(host, str):
         pk = Host.objects.filter(key=host).values_list("pk", flat=True).first()
@@ -91,17 +93,25 @@ def require_alarm_transaction() -> AlarmContext:
 
 
 def lock_state(host_id: int) -> MaintenanceState:
-    """Lock the host's state row, creating it (``dirty=1, processed=0``) on first use."""
-    query = MaintenanceState.objects.select_for_update(of=("self",)).select_related(
-        "host", "host__alarm"
-    )
+    """Lock the host's state row, creating it (``dirty=1, processed=0``) on first use.
+
+    Note [Read the slot after the lock]
+        The host row and its schedule are read by a separate statement *after* the state row
+        is locked. Joined into the locking statement, PostgreSQL would return the joined rows
+        as of the statement's snapshot, taken before the lock wait: a writer that had just
+        created or moved the slot would be invisible, and the slot could be created twice.
+    """
+    query = MaintenanceState.objects.select_for_update()
     state = query.filter(host_id=host_id).first()
-    if state is not None:
-        return state
-    if not Host.objects.filter(pk=host_id).exists():
-        raise HostNotFound(f"No host with id {host_id}", host=host_id)
-    MaintenanceState.objects.bulk_create([MaintenanceState(host_id=host_id)], ignore_conflicts=True)
-    return query.get(host_id=host_id)
+    if state is None:
+        if not Host.objects.filter(pk=host_id).exists():
+            raise HostNotFound(f"No host with id {host_id}", host=host_id)
+        MaintenanceState.objects.bulk_create(
+            [MaintenanceState(host_id=host_id)], ignore_conflicts=True
+        )
+        state = query.get(host_id=host_id)
+    state.host = Host.objects.select_related("alarm").get(pk=host_id)
+    return state
 
 
 def _state_values(state: MaintenanceState) -> dict[str, Any]:
