@@ -115,7 +115,8 @@ def _check_q_cluster() -> list[CheckMessage]:
     if timeout is None or retry is None or timeout >= retry:
         messages.append(
             Warning(
-                "Q_CLUSTER needs a 'timeout' below 'retry', or the broker redelivers running passes.",
+                "Q_CLUSTER needs a 'timeout' below 'retry', or the broker redelivers "
+                "running passes.",
                 hint="For example timeout=900 and retry=960.",
                 id="durable_agent.W003",
             )

@@ -27,22 +27,70 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("ALARM_BACKOFF_BASE_MS", 100, int, 1, 3_600_000,
-            "Base of the maintenance backoff; the minimum alarm delay is ceil(base / 2)."),
-    Setting("ALARM_BACKOFF_CAP_MS", 5_000, int, 1, 86_400_000,
-            "Cap of the no-progress and failure backoff of the native lane."),
-    Setting("MUTATION_TICKET_TTL_MS", 60_000, int, 1_000, 3_600_000,
-            "How long a mutation ticket of a crashed process blocks acknowledgement."),
-    Setting("PASS_LEASE_TTL_MS", 30_000, int, 1_000, 3_600_000,
-            "How long a crashed pass blocks its host."),
-    Setting("ALARM_TASK", "durable_agent.tasks.fire_alarm", str, None, None,
-            "The django-q task every alarm slot runs."),
-    Setting("ALARM_CLUSTER", None, (str, type(None)), None, None,
-            "django-q cluster name the alarm slots run on (None = the default cluster)."),
-    Setting("CLOCK", None, (str, type(None)), None, None,
-            "Dotted path to a zero-argument callable returning an aware datetime."),
-    Setting("RANDOM", None, (str, type(None)), None, None,
-            "Dotted path to a zero-argument callable returning a float in [0, 1)."),
+    Setting(
+        "ALARM_BACKOFF_BASE_MS",
+        100,
+        int,
+        1,
+        3_600_000,
+        "Base of the maintenance backoff; the minimum alarm delay is ceil(base / 2).",
+    ),
+    Setting(
+        "ALARM_BACKOFF_CAP_MS",
+        5_000,
+        int,
+        1,
+        86_400_000,
+        "Cap of the no-progress and failure backoff of the native lane.",
+    ),
+    Setting(
+        "MUTATION_TICKET_TTL_MS",
+        60_000,
+        int,
+        1_000,
+        3_600_000,
+        "How long a mutation ticket of a crashed process blocks acknowledgement.",
+    ),
+    Setting(
+        "PASS_LEASE_TTL_MS",
+        30_000,
+        int,
+        1_000,
+        3_600_000,
+        "How long a crashed pass blocks its host.",
+    ),
+    Setting(
+        "ALARM_TASK",
+        "durable_agent.tasks.fire_alarm",
+        str,
+        None,
+        None,
+        "The django-q task every alarm slot runs.",
+    ),
+    Setting(
+        "ALARM_CLUSTER",
+        None,
+        (str, type(None)),
+        None,
+        None,
+        "django-q cluster name the alarm slots run on (None = the default cluster).",
+    ),
+    Setting(
+        "CLOCK",
+        None,
+        (str, type(None)),
+        None,
+        None,
+        "Dotted path to a zero-argument callable returning an aware datetime.",
+    ),
+    Setting(
+        "RANDOM",
+        None,
+        (str, type(None)),
+        None,
+        None,
+        "Dotted path to a zero-argument callable returning a float in [0, 1).",
+    ),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -94,9 +142,9 @@ def alarm_cluster() -> str | None:
 
 def clock_callable() -> Callable[[], datetime] | None:
     path = get("CLOCK")
-    return None if path is None else import_string(path)  # type: ignore[no-any-return]
+    return None if path is None else import_string(path)
 
 
 def random_callable() -> Callable[[], float] | None:
     path = get("RANDOM")
-    return None if path is None else import_string(path)  # type: ignore[no-any-return]
+    return None if path is None else import_string(path)

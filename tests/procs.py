@@ -26,7 +26,11 @@ def database_url() -> str:
 def run_python(code: str, *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``code`` after ``django.setup()`` in a child process on the test database."""
     prelude = "import django\ndjango.setup()\n"
-    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "project.settings"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+    }
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         cwd=ROOT,

@@ -17,7 +17,7 @@ MAX_RETRY_STALLS = 30
 
 def backoff_delay_ms(prior_stalls: int, jitter: float) -> int:
     """``b = min(cap, base * 2^min(stalls, 30))``, jittered uniformly into ``[b/2, b]``."""
-    b = min(conf.backoff_cap_ms(), conf.backoff_base_ms() * 2 ** min(max(prior_stalls, 0), 30))
+    b: int = min(conf.backoff_cap_ms(), conf.backoff_base_ms() * 2 ** min(max(prior_stalls, 0), 30))
     return math.ceil(b / 2 + b / 2 * jitter)
 
 
@@ -25,9 +25,13 @@ def claim_floor_ms(prior_stalls: int) -> int:
     """The retry floor a claim sets: 1 s, 2 s, 4 s ... 60 s, then parked for 1 h."""
     if min(prior_stalls + 1, MAXIMUM_NO_PROGRESS_REARMS) >= MAXIMUM_NO_PROGRESS_REARMS:
         return PARKED_RETRY_MS
-    return min(CLAIM_FLOOR_CAP_MS, MINIMUM_RETRY_MS * 2**prior_stalls)
+    floor: int = min(CLAIM_FLOOR_CAP_MS, MINIMUM_RETRY_MS * 2**prior_stalls)
+    return floor
 
 
 def recovery_fault_delay_ms(previous_attempts: int) -> int:
     """5 s, 10 s, 20 s, 40 s, 60 s, 60 s ... after the previous attempt count."""
-    return min(RECOVERY_FAULT_CAP_MS, RECOVERY_FAULT_BASE_MS * 2 ** min(30, previous_attempts))
+    delay: int = min(
+        RECOVERY_FAULT_CAP_MS, RECOVERY_FAULT_BASE_MS * 2 ** min(30, previous_attempts)
+    )
+    return delay

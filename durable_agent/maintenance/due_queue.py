@@ -175,9 +175,7 @@ class DueQueue:
         earliest = min(self._requested.get(lane, due_at), due_at)
         self._requested[lane] = earliest
         if row is None:
-            return self.set(
-                Lane(lane=lane, revision=1, due_at=earliest, progress_key=progress_key)
-            )
+            return self.set(Lane(lane=lane, revision=1, due_at=earliest, progress_key=progress_key))
         if progress:
             due = earliest
         else:
@@ -262,7 +260,7 @@ class DueQueue:
         return self.set(after.replace(revision=row.revision + 1))
 
     def checkpoint_native(self, due_at: datetime | None) -> None:
-        """Set the native lane's deadline; the native generation fences itself (no revision bump)."""
+        """Set the native lane's deadline (no revision bump: the native generation fences it)."""
         row = self.find(NATIVE)
         if row is None:
             return

@@ -49,9 +49,15 @@ T = TypeVar("T")
 HostRef = Host | str | int
 
 # Lanes enrolled by the enclosing gate.mutation blocks, per host id.
-_mutation_lanes: contextvars.ContextVar[dict[int, frozenset[str]]] = contextvars.ContextVar(
-    "durable_agent_mutation_lanes", default={}
+_mutation_lanes: contextvars.ContextVar[dict[int, frozenset[str]] | None] = contextvars.ContextVar(
+    "durable_agent_mutation_lanes", default=None
 )
+
+
+def _enrolled_lanes() -> dict[int, frozenset[str]]:
+    return _mutation_lanes.get() or {}
+
+
 # True while maintenance itself calls the runtime: such writes do not advance `dirty`.
 _native_source: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "durable_agent_native_source", default=False
@@ -127,9 +133,7 @@ class SourceTransaction:
                 "(a raw transaction.atomic cannot own maintenance intent)",
             )
 
-    def schedule(
-        self, lane: str, due_at: datetime, progress_cursor: int | None = None
-    ) -> None:
+    def schedule(self, lane: str, due_at: datetime, progress_cursor: int | None = None) -> None:
         """Enroll ``lane`` for ``due_at``; a strictly increasing cursor is source progress."""
         self._require_owner(
             "enroll maintenance source",
@@ -163,7 +167,7 @@ def _progress_op(host_id: int, lanes: Iterable[str]) -> _Progress | None:
     if isinstance(lanes, str):
         raise InvalidInput("lanes must be a list of lane ids, not a string", lanes=lanes)
     affected = {validate_lane_id(lane) for lane in lanes}
-    affected |= _mutation_lanes.get().get(host_id, frozenset())
+    affected |= _enrolled_lanes().get(host_id, frozenset())
     if not registry.requires_publication():
         affected.discard(PUBLICATION)
     if PUBLICATION in affected:
@@ -328,8 +332,9 @@ def mutation(
     host_id = resolve_host_id(host)
     failpoints.hit("maintenance:dirty:before")
     ticket_id, enrolled = _prearm(host_id, bool(invalidates_recovery), lane_ids)
+    enclosing = _enrolled_lanes()
     token = _mutation_lanes.set(
-        {**_mutation_lanes.get(), host_id: _mutation_lanes.get().get(host_id, frozenset()) | enrolled}
+        {**enclosing, host_id: enclosing.get(host_id, frozenset()) | enrolled}
     )
     try:
         failpoints.hit("maintenance:dirty:after")
@@ -408,7 +413,9 @@ def snapshot(host: HostRef, fn: Callable[[int], T]) -> T:
     """Run ``fn(live_ticket_count)`` under the host's generation lock."""
 
     def run(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> T:
-        return fn(MutationTicket.objects.filter(host_id=state.host_id).live(now=clock.now()).count())
+        return fn(
+            MutationTicket.objects.filter(host_id=state.host_id).live(now=clock.now()).count()
+        )
 
     return run_alarm_transaction(host, "snapshot maintenance generation", run)
 
@@ -417,8 +424,10 @@ def active_lanes(host: HostRef) -> frozenset[str]:
     """The lanes enrolled by live mutation tickets of ``host``."""
     host_id = resolve_host_id(host)
     lanes: set[str] = set()
-    for ticket_lanes in MutationTicket.objects.filter(host_id=host_id).live(
-        now=clock.now()
-    ).values_list("lanes", flat=True):
+    for ticket_lanes in (
+        MutationTicket.objects.filter(host_id=host_id)
+        .live(now=clock.now())
+        .values_list("lanes", flat=True)
+    ):
         lanes.update(ticket_lanes)
     return frozenset(lanes)

@@ -72,7 +72,9 @@ def resolve_host_id(host: Host | str | int) -> int:
 def user_atomic_depth(using: str = DEFAULT_DB_ALIAS) -> int:
     """How many ``transaction.atomic`` blocks the caller has open (a test case's do not count)."""
     connection = connections[using]
-    return sum(1 for block in connection.atomic_blocks if not block._from_testcase)
+    return sum(
+        1 for block in connection.atomic_blocks if not getattr(block, "_from_testcase", False)
+    )
 
 
 def current() -> AlarmContext | None:

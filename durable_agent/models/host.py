@@ -80,11 +80,19 @@ class MaintenanceState(models.Model):
             ),
             models.CheckConstraint(
                 condition=(
-                    Q(retry_generation__isnull=True, retry_not_before__isnull=True,
-                      retry_native_only__isnull=True, retry_stalls__isnull=True)
-                    | Q(retry_generation__gte=0, retry_not_before__isnull=False,
-                        retry_native_only__isnull=False, retry_stalls__gte=0,
-                        retry_stalls__lte=30)
+                    Q(
+                        retry_generation__isnull=True,
+                        retry_not_before__isnull=True,
+                        retry_native_only__isnull=True,
+                        retry_stalls__isnull=True,
+                    )
+                    | Q(
+                        retry_generation__gte=0,
+                        retry_not_before__isnull=False,
+                        retry_native_only__isnull=False,
+                        retry_stalls__gte=0,
+                        retry_stalls__lte=30,
+                    )
                 ),
                 name="da_state_retry_all_or_none",
             ),

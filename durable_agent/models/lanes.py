@@ -51,7 +51,9 @@ class DueLane(models.Model):
         ordering = ["host", "lane"]
         constraints = [
             models.UniqueConstraint(fields=["host", "lane"], name="da_duelane_one_per_host_lane"),
-            models.CheckConstraint(condition=Q(revision__gte=0), name="da_duelane_revision_nonnegative"),
+            models.CheckConstraint(
+                condition=Q(revision__gte=0), name="da_duelane_revision_nonnegative"
+            ),
             models.CheckConstraint(
                 condition=Q(stalls__gte=0, stalls__lte=MAX_STALLS), name="da_duelane_stalls_range"
             ),

@@ -82,7 +82,8 @@ class RecoveryFault(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["host", "thread"], name="da_fault_one_per_thread"),
             models.CheckConstraint(
-                condition=Q(attempts__gte=1, attempts__lte=2**31 - 1), name="da_fault_attempts_range"
+                condition=Q(attempts__gte=1, attempts__lte=2**31 - 1),
+                name="da_fault_attempts_range",
             ),
         ]
 

@@ -97,7 +97,9 @@ def test_checkpoint__last_call_wins(host: Host, clock: FakeClock) -> None:
     assert alarm.scheduled(host) == clock.now() + 9 * S
 
 
-def test_checkpoint__a_slot_deleted_behind_our_back_is_recreated(host: Host, clock: FakeClock) -> None:
+def test_checkpoint__a_slot_deleted_behind_our_back_is_recreated(
+    host: Host, clock: FakeClock
+) -> None:
     set_slot(host, "at", clock.now() + 10 * S)
     Schedule.objects.all().delete()  # host.alarm becomes NULL
     set_slot(host, "earlier", clock.now() + 20 * S)
@@ -140,7 +142,9 @@ def test_run_alarm_transaction__facts_lanes_and_alarm_roll_back_together(
     assert alarm.scheduled(host) == clock.now() + 30 * S
 
 
-def test_run_alarm_transaction__negative_generation_is_refused(host: Host, clock: FakeClock) -> None:
+def test_run_alarm_transaction__negative_generation_is_refused(
+    host: Host, clock: FakeClock
+) -> None:
     set_slot(host, "at", clock.now() + 30 * S)
 
     def fn(state, queue, checkpoint):
@@ -253,7 +257,7 @@ def test_rearm__refuses_to_postpone_due_work(host: Host, clock: FakeClock) -> No
 
 def test_rearm__bad_input_writes_nothing(host: Host, clock: FakeClock) -> None:
     with pytest.raises(InvalidDeadline):
-        alarm.rearm(host, at=datetime(2030, 1, 1), reason="naive")  # noqa: DTZ001
+        alarm.rearm(host, at=datetime(2030, 1, 1), reason="naive")
     with pytest.raises(InvalidDeadline):
         alarm.rearm(host, at=float("inf"), reason="not a datetime")  # type: ignore[arg-type]
     with pytest.raises(HostNotFound):

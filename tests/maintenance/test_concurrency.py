@@ -100,7 +100,10 @@ def test_schedules__slot_holds_the_earliest_requested_deadline(
         caught_up(host)
     rng = random.Random(7)
     requests = {
-        (i, j): (hosts[rng.randrange(host_count)], clock.now() + rng.randint(1_000, 600_000) * S / 1000)
+        (i, j): (
+            hosts[rng.randrange(host_count)],
+            clock.now() + rng.randint(1_000, 600_000) * S / 1000,
+        )
         for i in range(THREADS)
         for j in range(PER_THREAD)
     }
@@ -120,12 +123,17 @@ def test_schedules__slot_holds_the_earliest_requested_deadline(
         mine = [due for (h, due) in requests.values() if h.pk == host.pk]
         assert one_armed_slot(host) == min(mine)
         for lane_id in {f"lane-{j % 4}" for j in range(PER_THREAD)}:
-            wanted = [due for (i, j), (h, due) in requests.items() if h.pk == host.pk and f"lane-{j % 4}" == lane_id]
+            wanted = [
+                due
+                for (i, j), (h, due) in requests.items()
+                if h.pk == host.pk and f"lane-{j % 4}" == lane_id
+            ]
             if wanted:
                 assert DueLane.objects.get(host=host, lane=lane_id).due_at == min(wanted)
-        assert MaintenanceState.objects.get(host=host).dirty == MaintenanceState.objects.get(
-            host=host
-        ).processed
+        assert (
+            MaintenanceState.objects.get(host=host).dirty
+            == MaintenanceState.objects.get(host=host).processed
+        )
 
 
 def test_mutation__process_death_after_prearm_leaves_dirty_and_armed(clock: FakeClock) -> None:

@@ -107,7 +107,11 @@ def test_transaction__record_progress_clears_the_durable_backoff(
     with gate.transaction(host) as tx:
         tx.record_progress([NATIVE])
     after = state(host)
-    assert (after.retry_generation, after.retry_not_before, after.retry_stalls) == (None, None, None)
+    assert (after.retry_generation, after.retry_not_before, after.retry_stalls) == (
+        None,
+        None,
+        None,
+    )
 
 
 def test_transaction__host_lane_progress_replenishes_its_budget(
@@ -117,7 +121,8 @@ def test_transaction__host_lane_progress_replenishes_its_budget(
         row = queue.dirty("outbox", clock.now())
         for _ in range(8):
             row = queue.claim(queue.find("outbox"), queue.find("outbox").due_at)
-        assert row is not None and row.parked
+        assert row is not None
+        assert row.parked
 
     run_alarm_transaction(host, "t", parked)
     dirty = state(host).dirty
@@ -291,9 +296,7 @@ def test_misuse__progress_outside_its_source_transaction(host: Host, clock: Fake
         gate.record_progress(host, [NATIVE])
 
 
-def test_misuse__scheduling_under_a_raw_atomic_inside_a_frame(
-    host: Host, clock: FakeClock
-) -> None:
+def test_misuse__scheduling_under_a_raw_atomic_inside_a_frame(host: Host, clock: FakeClock) -> None:
     with gate.transaction(host) as tx, transaction.atomic():
         with pytest.raises(GateMisuse) as info:
             tx.schedule("outbox", clock.now())
@@ -309,7 +312,7 @@ def test_misuse__scheduling_under_a_raw_atomic_inside_a_frame(
 
 def test_misuse__handle_of_an_outer_frame_inside_a_child(host: Host, clock: FakeClock) -> None:
     with gate.transaction(host) as outer, gate.transaction(host):
-        with pytest.raises(GateMisuse, match="inside its own gate.transaction"):
+        with pytest.raises(GateMisuse, match=r"inside its own gate\.transaction"):
             outer.schedule("outbox", clock.now())
 
 
@@ -417,7 +420,7 @@ def test_mutation__process_that_never_returns_leaves_a_ticket_that_expires(
         assert gate.snapshot(host, lambda active: active) == 0
         assert gate.active_lanes(host) == frozenset()
     finally:
-        gate._mutation_lanes.set({})
+        gate._mutation_lanes.set(None)
 
 
 def test_mutation__host_lanes_reach_revision_two_through_record_progress(
