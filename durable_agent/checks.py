@@ -58,7 +58,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     id="durable_agent.E004",
                 )
             )
-        if setting.name in ("CLOCK", "RANDOM", "ALARM_TASK") and isinstance(value, str):
+        if setting.name in ("CLOCK", "RANDOM", "ALARM_TASK", "RUNTIME") and isinstance(value, str):
             try:
                 target = import_string(value)
             except ImportError as exc:

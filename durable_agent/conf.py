@@ -140,6 +140,30 @@ def alarm_cluster() -> str | None:
     return None if value is None else str(value)
 
 
+def runtime_path() -> str:
+    return str(get("RUNTIME"))
+
+
+def pass_workers() -> int:
+    return int(get("PASS_WORKERS"))
+
+
+def pass_history() -> int:
+    return int(get("PASS_HISTORY"))
+
+
+def yield_after() -> timedelta:
+    return timedelta(milliseconds=int(get("YIELD_AFTER_MS")))
+
+
+def dispatch_until() -> timedelta:
+    return timedelta(milliseconds=int(get("DISPATCH_UNTIL_MS")))
+
+
+def event_timeout() -> timedelta:
+    return timedelta(milliseconds=int(get("EVENT_TIMEOUT_MS")))
+
+
 def clock_callable() -> Callable[[], datetime] | None:
     path = get("CLOCK")
     return None if path is None else import_string(path)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from durable_agent import clock
+from durable_agent import clock, conf
 from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound
 from durable_agent.maintenance.alarm import Checkpoint, apply_checkpoint, slot_deadline
 from durable_agent.maintenance.due_queue import DueQueue
@@ -155,6 +155,7 @@ def run_alarm_transaction(host: Host | str | int, operation: str, fn: AlarmFn[T]
             context = AlarmContext(host_id, operation, state, queue, checkpoint)
             with _entered(context):
                 result = fn(state, queue, checkpoint)
+                _keep_armed(state, queue, checkpoint)
                 _flush_state(state, before, operation)
                 queue.flush()
                 apply_checkpoint(state.host, checkpoint)
@@ -171,6 +172,23 @@ def run_alarm_transaction(host: Host | str | int, operation: str, fn: AlarmFn[T]
         raise AlarmError(operation, _safe_message(exc)) from exc
     except Exception as exc:
         raise AlarmError(operation, _safe_message(exc)) from exc
+
+
+def _keep_armed(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+    """Note [No dirty host without an alarm]
+    Whatever ``fn`` did, a transaction that leaves the host dirty or any lane with a deadline
+    never leaves the slot disarmed: it arms it at the earliest lane deadline (never sooner than
+    the minimum delay). Correct callers never need this; it keeps the invariant true for
+    every other path (a first use that only reads, a helper that forgot its intent).
+    """
+    if checkpoint.target() is not None:
+        return
+    earliest = queue.next()
+    if earliest is None and state.dirty <= state.processed:
+        return
+    now = clock.now()
+    soonest = now + conf.minimum_alarm_delay()
+    checkpoint.earlier(soonest if earliest is None else max(soonest, earliest))
 
 
 def _flush_state(state: MaintenanceState, before: dict[str, Any], operation: str) -> None:

@@ -108,6 +108,7 @@ class RecoveryEvent(models.Model):
     occurred_at = models.DateTimeField()
     first_failed_at = models.DateTimeField()
     failure = models.JSONField(default=dict)
+    delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["host", "sequence"]

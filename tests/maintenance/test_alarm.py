@@ -71,6 +71,7 @@ def test_earlier__arms_a_disarmed_slot(host: Host, clock: FakeClock) -> None:
 
 
 def test_cancel__disarms_and_keeps_the_row_for_reuse(host: Host, clock: FakeClock) -> None:
+    caught_up(host)
     set_slot(host, "at", clock.now() + 10 * S)
     first = Host.objects.get(pk=host.pk).alarm_id
     set_slot(host, "cancel")
@@ -82,9 +83,34 @@ def test_cancel__disarms_and_keeps_the_row_for_reuse(host: Host, clock: FakeCloc
     assert alarm.scheduled(host) == clock.now() + 3 * S
 
 
-def test_cancel__on_a_host_without_a_slot_creates_nothing(host: Host) -> None:
+def test_cancel__on_a_host_without_a_slot_creates_nothing(host: Host, clock: FakeClock) -> None:
+    caught_up(host)
     set_slot(host, "cancel")
     assert Schedule.objects.count() == 0
+
+
+def test_cancel__a_dirty_host_stays_armed(host: Host, clock: FakeClock) -> None:
+    # A fresh host owes one pass (dirty=1, processed=0): nothing may leave it disarmed.
+    set_slot(host, "cancel")
+    assert alarm.scheduled(host) == clock.now() + timedelta(milliseconds=50)
+
+
+def test_keep_armed__a_read_only_first_use_arms_the_slot(host: Host, clock: FakeClock) -> None:
+    from durable_agent.maintenance import gate
+
+    assert gate.snapshot(host, lambda active: active) == 0
+    assert alarm.scheduled(host) == clock.now() + timedelta(milliseconds=50)
+
+
+def test_keep_armed__a_future_lane_keeps_the_slot(host: Host, clock: FakeClock) -> None:
+    caught_up(host)
+
+    def fn(state, queue, checkpoint):
+        queue.dirty("outbox", clock.now() + 30 * S)
+        checkpoint.cancel()
+
+    run_alarm_transaction(host, "t", fn)
+    assert alarm.scheduled(host) == clock.now() + 30 * S
 
 
 def test_checkpoint__last_call_wins(host: Host, clock: FakeClock) -> None:

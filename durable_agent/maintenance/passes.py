@@ -1,0 +1,525 @@
+"""The maintenance pass: one bounded, idempotent run of one host, started by its alarm (6.1).
+
+``run_pass(host)`` takes the host's pass lease (a concurrent pass returns ``busy`` at once),
+begins (the O(1) caught-up path makes a constant number of queries), runs the concurrent lane
+waves beside the native step, then the after-native waves, and finishes by re-arming or
+clearing the slot. Any failure first schedules bounded, durable recovery (``rearm_failure``)
+and is then re-raised, so the alarm always stays armed while work remains.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from durable_agent import clock, conf
+from durable_agent.errors import AlarmError
+from durable_agent.maintenance import backoff, failpoints, lane_registry, lease
+from durable_agent.maintenance.alarm import Checkpoint, retry_deadline
+from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
+from durable_agent.maintenance.lane_ids import (
+    FRAMEWORK_LANES,
+    NATIVE,
+    PUBLICATION,
+    RECOVERY_EVENTS,
+    public_lane_name,
+)
+from durable_agent.maintenance.native import NativeResult, NativeStep, Started
+from durable_agent.maintenance.transactions import resolve_host_id, run_alarm_transaction
+from durable_agent.maintenance.waves import (
+    Executor,
+    Observation,
+    admissible,
+    join,
+    run_queued,
+    run_wave,
+    validate_lanes,
+)
+from durable_agent.models import (
+    BindingRetry,
+    Host,
+    MaintenanceState,
+    MutationTicket,
+    PassPhase,
+    PassRecord,
+)
+from durable_agent.runtime import Runtime, get_runtime
+
+logger = logging.getLogger("durable_agent.maintenance")
+DEADLINE_MESSAGE = (
+    "The maintenance event exceeded its 14 minute deadline; durable recovery remains pending"
+)
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """What one pass did.
+
+    ``phase``: ``caught-up`` (no runtime work ran), ``actionable`` (recovery or selection ran)
+    or ``busy`` (another pass holds the host). ``alarm``: ``rearmed`` or ``cleared`` (empty
+    when busy). ``lateness_ms``: start minus the deadline the alarm fired for.
+    """
+
+    host: str
+    phase: str
+    recovered: int = 0
+    settled: int = 0
+    nonterminal: int = 0
+    alarm: str = ""
+    generation: int | None = None
+    lateness_ms: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_current_state(state: MaintenanceState, queue: DueQueue, runtime: Runtime) -> None:
+    """Apply a binding registry change: clear parked heads and open one native opportunity."""
+    key = runtime.binding_registry_key()
+    if state.binding_registry_key == key:
+        return
+    state.binding_registry_key = key
+    _clear_retry(state)
+    BindingRetry.objects.filter(host_id=state.host_id).delete()
+    state.dirty += 1
+    queue.dirty(NATIVE, EPOCH, progress=True)
+
+
+def _register_framework_lanes(queue: DueQueue) -> None:
+    """Give every framework lane with an installed handler its initial wave."""
+    for lane in FRAMEWORK_LANES:
+        if lane in (NATIVE, RECOVERY_EVENTS):
+            continue
+        spec = lane_registry.handler(lane)
+        if spec is not None and spec.run is not lane_registry._idle:
+            queue.register(lane)
+
+
+def ensure_alarm(host: Host | str | int) -> datetime | None:
+    """The O(1) constructor gate: registry check, lane registration and an armed slot.
+
+    Never scans the ledger. Returns the time the slot holds afterwards.
+    """
+    host_id = resolve_host_id(host)
+    runtime = get_runtime()
+    failpoints.hit("maintenance:ensure:before")
+    now = clock.now()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
+        read_current_state(state, queue, runtime)
+        _register_framework_lanes(queue)
+        if state.has_recovery_events and queue.find(RECOVERY_EVENTS) is None:
+            queue.dirty(RECOVERY_EVENTS, now)
+        if state.dirty > state.processed:
+            retry_at = retry_deadline(state)
+            native_row = queue.find(NATIVE)
+            if retry_at is not None:
+                native: datetime | None = retry_at
+            elif native_row is not None and native_row.due_at is not None:
+                native = native_row.due_at
+            else:
+                native = now + conf.minimum_alarm_delay()
+        else:
+            native = None
+        queue.checkpoint_native(native)
+        earliest = queue.next()
+        if earliest is not None:
+            checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
+        return checkpoint.target()
+
+    slot = run_alarm_transaction(host_id, "ensure maintenance alarm", fn)
+    failpoints.hit("maintenance:ensure:after")
+    report_parked(host_id)
+    return slot
+
+
+def report_parked(host_id: int) -> int:
+    """Log one notice per newly parked lane (marking it reported); never raises."""
+    try:
+
+        def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> list[Lane]:
+            return queue.take_parked_reports()
+
+        from durable_agent.models import DueLane
+
+        if not DueLane.objects.filter(host_id=host_id, state="parked", reported=False).exists():
+            return 0
+        parked = run_alarm_transaction(host_id, "report parked maintenance lanes", fn)
+    except Exception:
+        logger.exception("Reporting parked maintenance lanes failed", extra={"host": host_id})
+        return 0
+    for row in parked:
+        logger.error(
+            "Maintenance lane parked after %d attempts without progress; retrying after %d ms",
+            backoff.MAXIMUM_NO_PROGRESS_REARMS,
+            backoff.PARKED_RETRY_MS,
+            extra={"host": host_id, "lane": public_lane_name(row.lane), "lane_id": row.lane},
+        )
+    return len(parked)
+
+
+def run_pass(
+    host: Host | str | int, *, deadline: datetime | None = None, guard: bool = False
+) -> PassReport:
+    """Run one maintenance pass of ``host`` and record it.
+
+    Args:
+        host: the host (a Host, its key or its id).
+        deadline: the alarm deadline this pass was fired for (for the lateness figure).
+        guard: apply the early-fire guard (alarm deliveries): a delivery whose slot moved
+            later, or with nothing due, returns phase ``stale`` and runs nothing.
+
+    Raises:
+        Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery.
+    """
+    host_id = resolve_host_id(host)
+    host_obj = Host.objects.get(pk=host_id)
+    started_at = clock.now()
+    lateness = None if deadline is None else int((started_at - deadline) / timedelta(milliseconds=1))
+    taken = lease.acquire(host_id, fired_for=deadline if guard else None)
+    if isinstance(taken, lease.Stale):
+        logger.debug("Stale alarm delivery: %s", taken.reason, extra={"host": host_obj.key})
+        return PassReport(host=host_obj.key, phase="stale", lateness_ms=lateness)
+    if isinstance(taken, lease.Busy):
+        report = PassReport(host=host_obj.key, phase=PassPhase.BUSY, lateness_ms=lateness)
+        _record(host_obj, started_at, report, deadline=deadline)
+        return report
+    observed = Observation()
+    try:
+        with lease.heartbeat(taken):
+            try:
+                result, phase, recovered, settled = _run_event(host_obj, started_at, observed)
+                alarm = _finish(host_obj, observed, result)
+            except BaseException as exc:
+                try:
+                    rearm_failure(host_obj, observed)
+                except Exception:
+                    logger.exception("Backing off a failed pass failed", extra={"host": host_obj.key})
+                _record(
+                    host_obj,
+                    started_at,
+                    PassReport(host=host_obj.key, phase=PassPhase.FAILED, lateness_ms=lateness,
+                               generation=observed.generation),
+                    deadline=deadline,
+                    error=exc,
+                )
+                raise
+    finally:
+        lease.release(taken)
+        report_parked(host_id)
+    report = PassReport(
+        host=host_obj.key,
+        phase=phase,
+        recovered=recovered,
+        settled=settled,
+        nonterminal=result.nonterminal,
+        alarm=alarm,
+        generation=observed.generation,
+        lateness_ms=lateness,
+    )
+    _record(host_obj, started_at, report, deadline=deadline)
+    return report
+
+
+def _record(
+    host: Host,
+    started_at: datetime,
+    report: PassReport,
+    *,
+    deadline: datetime | None,
+    error: BaseException | None = None,
+) -> None:
+    try:
+        record = PassRecord.objects.create(
+            host=host,
+            started_at=started_at,
+            finished_at=clock.now(),
+            phase=report.phase,
+            recovered=report.recovered,
+            settled=report.settled,
+            alarm=report.alarm,
+            generation=report.generation,
+            error="" if error is None else f"{type(error).__name__}: {error}"[:2000],
+            deadline=deadline,
+            lateness_ms=report.lateness_ms,
+        )
+        keep = conf.pass_history()
+        if record.pk % 20 == 0 or keep < 20:
+            cutoff = (
+                PassRecord.objects.filter(host=host)
+                .order_by("-started_at", "-id")
+                .values_list("id", flat=True)[keep : keep + 1]
+            )
+            boundary = list(cutoff)
+            if boundary:
+                PassRecord.objects.filter(host=host, id__lte=boundary[0]).delete()
+    except Exception:
+        logger.exception("Recording a pass failed", extra={"host": host.key})
+
+
+def _check_deadline(event_deadline: datetime) -> None:
+    if clock.now() >= event_deadline:
+        raise AlarmError("maintenance pass deadline", DEADLINE_MESSAGE)
+
+
+def _run_event(
+    host: Host, started_at: datetime, observed: Observation
+) -> tuple[NativeResult, str, int, int]:
+    runtime = get_runtime()
+    yield_after = started_at + conf.yield_after()
+    dispatch_until = started_at + conf.dispatch_until()
+    event_deadline = started_at + conf.event_timeout()
+    started = _begin(host, observed, runtime)
+    rows, producing = _observe_rows(host, observed)
+    validate_lanes(rows)
+    executor = Executor(conf.pass_workers())
+    failures: list[BaseException] = []
+    try:
+        waves = _admit_waves(host, rows, producing, "concurrent", observed, yield_after,
+                             dispatch_until, executor)
+        native = NativeStep(host, runtime, started, yield_after, executor)
+        observed.native_only = started.actionable and not waves
+        try:
+            result = native.run()
+        except BaseException as exc:
+            failures.append(exc)
+            result = NativeResult("caught-up", started.nonterminal, None)
+        else:
+            observed.native_only = False
+        failures += join(waves)
+        failures += _after_native(host, observed, yield_after, dispatch_until, executor)
+    finally:
+        executor.shutdown()
+    if failures:
+        raise failures[0]
+    _check_deadline(event_deadline)
+    phase = PassPhase.ACTIONABLE if started.actionable else result.phase
+    return result, phase, native.recovery.recovered, native.settled
+
+
+def _begin(host: Host, observed: Observation, runtime: Runtime) -> Started:
+    """``begin_pass`` under the generation snapshot: charge the native lane once (6.2)."""
+    failpoints.hit("maintenance:begin:before")
+    now = clock.now()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Started:
+        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
+        read_current_state(state, queue, runtime)
+        _register_framework_lanes(queue)
+        if state.has_recovery_events and queue.find(RECOVERY_EVENTS) is None:
+            queue.dirty(RECOVERY_EVENTS, now)
+        observed.generation = state.dirty
+        retry_at = retry_deadline(state) or EPOCH
+        native = queue.find(NATIVE)
+        publication = queue.find(PUBLICATION)
+        if active == 0 and native is not None:
+            observed.available[NATIVE] = native.revision
+        caught_up = Started(False, state.dirty, state.nonterminal, active)
+        if (
+            state.processed >= state.dirty
+            or retry_at > now
+            or native is None
+            or native.due_at is None
+            or native.floor > now
+            or (publication is not None and publication.parked)
+        ):
+            return caught_up
+        if observed.charged.get(NATIVE) == native.revision:
+            charged: Lane | None = native
+        else:
+            charged = queue.claim(native, now, native=True)
+        if charged is None:
+            return caught_up
+        observed.queue[NATIVE] = charged
+        observed.charged[NATIVE] = charged.revision
+        earliest = queue.next()
+        if earliest is None:
+            checkpoint.cancel()
+        else:
+            checkpoint.at(max(now + conf.minimum_alarm_delay(), earliest))
+        return Started(True, state.dirty, state.nonterminal, active, charged.revision,
+                       charged.stalls)
+
+    started = run_alarm_transaction(host.pk, "begin maintenance pass", fn)
+    failpoints.hit("maintenance:begin:after")
+    return started
+
+
+def _observe_rows(host: Host, observed: Observation) -> tuple[list[Lane], frozenset[str]]:
+    from durable_agent.maintenance import gate
+
+    rows = [Lane.from_model(r) for r in host.lanes.all().order_by("lane")]
+    producing = gate.active_lanes(host.pk)
+    for row in rows:
+        observed.queue.setdefault(row.lane, row)
+        if row.lane not in producing:
+            observed.available[row.lane] = row.revision
+    return rows, producing
+
+
+def _admit_waves(
+    host: Host,
+    rows: list[Lane],
+    producing: frozenset[str],
+    phase: str,
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[tuple[str, Future[Any], threading.Event, float]]:
+    now = clock.now()
+    waves = []
+    for row in admissible(rows, producing, now):
+        spec = lane_registry.handler(row.lane)
+        if spec is None or spec.phase != phase:
+            continue
+        cancelled = threading.Event()
+        future = executor.submit(
+            lambda spec=spec, row=row, cancelled=cancelled: run_wave(
+                host, spec, row, observed, until, dispatch_end, cancelled
+            )
+        )
+        waves.append((row.lane, future, cancelled, spec.allowance_ms / 1000))
+    return waves
+
+
+def _after_native(
+    host: Host,
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[BaseException]:
+    """After-native waves, round-robin from the lane after the last one admitted (6.9)."""
+    from durable_agent.maintenance import gate
+
+    selected = [s for s in lane_registry.lanes() if s.phase == "after-native"]
+    if not selected:
+        return []
+    rows = {r.lane: r for r in (Lane.from_model(x) for x in host.lanes.all())}
+    producing = gate.active_lanes(host.pk)
+    for row in rows.values():
+        if row.lane not in producing:
+            observed.available[row.lane] = row.revision
+    validate_lanes(list(rows.values()))
+    cursor = MaintenanceState.objects.get(host_id=host.pk).last_after_native_lane
+    ordered = sorted(selected, key=lambda s: s.lane)
+    index = next((i for i, s in enumerate(ordered) if cursor is None or s.lane > cursor), 0)
+    rotated = ordered[index:] + ordered[:index]
+    failures: list[BaseException] = []
+    for spec in rotated:
+        row = rows.get(spec.lane)
+        now = clock.now()
+        if row is None or row.due_at is None or row.due_at > now or spec.lane in producing:
+            continue
+        if now + timedelta(milliseconds=spec.allowance_ms) > dispatch_end:
+            continue
+
+        def admit(
+            state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, lane: str = spec.lane
+        ) -> None:
+            state.last_after_native_lane = lane
+
+        run_alarm_transaction(host.pk, "admit after-native wave", admit)
+        cancelled = threading.Event()
+        future = executor.submit(
+            lambda spec=spec, row=row, cancelled=cancelled: run_wave(
+                host, spec, row, observed, until, dispatch_end, cancelled
+            )
+        )
+        failures += join([(spec.lane, future, cancelled, spec.allowance_ms / 1000)])
+    return failures
+
+
+def _finish(host: Host, observed: Observation, result: NativeResult) -> str:
+    """The final alarm decision: rearm at the earliest lane, or clear (6.10)."""
+    failpoints.hit("maintenance:finish:before")
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> str:
+        now = clock.now()
+        delay = conf.minimum_alarm_delay()
+        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
+        if active > 0 or state.dirty > state.processed:
+            retry_at = retry_deadline(state)
+            if retry_at is not None and active == 0:
+                native: datetime | None = max(now + delay, retry_at)
+            elif state.dirty == observed.generation and active == 0:
+                native = result.next_at or now + delay
+            else:
+                native = now + delay
+        else:
+            native = None
+        queue.checkpoint_native(native)
+        earliest = queue.next()
+        if earliest is not None:
+            checkpoint.at(max(now + delay, earliest))
+            return "rearmed"
+        checkpoint.cancel()
+        return "cleared"
+
+    disposition = run_alarm_transaction(host.pk, "finish maintenance event", fn)
+    failpoints.hit("maintenance:finish:after")
+    return disposition
+
+
+def rearm_failure(host: Host, observed: Observation) -> None:
+    """Failures durably schedule bounded recovery (6.11)."""
+    generation, native_only = observed.generation, observed.native_only
+    if generation is None:
+        return  # failed before begin_pass read anything
+    failpoints.hit("maintenance:retry:before")
+    now = clock.now()
+    jitter = clock.random()
+    delay = conf.minimum_alarm_delay()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
+        matches = state.retry_generation is not None and state.retry_generation == generation
+        if matches and state.retry_native_only:
+            pass  # a native-only retry is kept unchanged
+        else:
+            previous = matches and bool(state.retry_native_only) == native_only
+            prev_stalls = (state.retry_stalls or 0) if previous else 0
+            prev_floor = state.retry_not_before if previous else None
+            floor = now + timedelta(milliseconds=backoff.backoff_delay_ms(prev_stalls, jitter))
+            state.retry_generation = generation
+            state.retry_not_before = max(prev_floor or floor, floor)
+            state.retry_native_only = native_only
+            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, prev_stalls + 1)
+        if active > 0 or state.dirty != generation:
+            native_deadline = now + delay
+        else:
+            native_deadline = state.retry_not_before
+        queue.checkpoint_native(
+            native_deadline if (state.dirty > state.processed or active > 0) else None
+        )
+        for lane, row in list(observed.queue.items()):
+            if lane == NATIVE:
+                continue
+            current = queue.find(lane)
+            if current is None or row.due_at is None or row.due_at > now:
+                continue
+            charged = row if observed.charged.get(lane) == row.revision else queue.claim(row, now)
+            if charged is not None:
+                queue.complete(
+                    charged, now + timedelta(milliseconds=backoff.backoff_delay_ms(charged.stalls, jitter))
+                )
+        earliest = queue.next()
+        if earliest is None:
+            checkpoint.cancel()
+        else:
+            checkpoint.at(max(now + delay, earliest))
+
+    run_alarm_transaction(host.pk, "back off failed maintenance", fn)
+    failpoints.hit("maintenance:retry:after")
+
+
+def _clear_retry(state: MaintenanceState) -> None:
+    state.retry_generation = None
+    state.retry_not_before = None
+    state.retry_native_only = None
+    state.retry_stalls = None

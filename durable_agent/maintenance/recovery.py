@@ -1,0 +1,265 @@
+"""Native recovery: paged sweeps with work cursors, recovery faults and their events (6.6).
+
+A thread whose recovery fails becomes a :class:`RecoveryFault` retried after 5 s, 10, 20, 40,
+60, 60 ... s; it is never dispatched meanwhile. Every transition (created / changed / cleared,
+one per recipient submission) is appended as a :class:`RecoveryEvent` and delivered in order,
+at least once, by the recovery-events lane to the ``recovery_fault`` signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from durable_agent import clock
+from durable_agent.maintenance import backoff, failpoints, gate, work_cursors
+from durable_agent.maintenance.alarm import Checkpoint
+from durable_agent.maintenance.due_queue import EPOCH, DueQueue
+from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
+from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
+from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
+
+if TYPE_CHECKING:
+    from durable_agent.maintenance.lane_registry import LaneContext
+    from durable_agent.models import Host
+
+logger = logging.getLogger("durable_agent.maintenance")
+MAX_ATTEMPTS = 2**31 - 1
+
+
+@dataclass
+class NativeRecovery:
+    """What one pass learned from recovery; shared by the attempt threads (hence the lock)."""
+
+    pending: set[str] = field(default_factory=set)
+    loaded: set[str] = field(default_factory=set)
+    reports: dict[str, RecoveryReport] = field(default_factory=dict)
+    faults: dict[str, RecoveryFault] = field(default_factory=dict)
+    started: bool = False
+    needs_checkpoint: bool = False
+    recovered: int = 0
+    repaired: bool = False
+    discovery_pending: bool = False
+    retry_at: datetime | None = None
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+def failure_of(exc: BaseException, *, phase: str, operation: str) -> dict[str, Any]:
+    """A payload-free description of a recovery failure."""
+    return {
+        "phase": phase,
+        "reason": "defect" if not isinstance(exc, Exception) else "failure",
+        "operation": operation,
+        "diagnostic": {"error": type(exc).__name__, "message": str(exc)[:300]},
+    }
+
+
+def recover_thread(host: Host, runtime: Runtime, thread: str, recovery: NativeRecovery) -> None:
+    """Sweep ``thread`` page by page, saving the cursor so a crash resumes where it stopped."""
+    cursor = work_cursors.read(host.pk, thread)
+    while True:
+        with gate.native_source():
+            sweep = runtime.run_recovery(host, thread, cursor)
+        faults = record_recovery_faults(host, runtime, sweep, recovery, selected_thread=thread)
+        work_cursors.write(host.pk, thread, sweep.cursor)
+        with recovery.lock:
+            for report in sweep.reports:
+                recovery.reports[report.submission] = report
+            recovery.faults.pop(thread, None)
+            recovery.faults.update(faults)
+            work = sweep.work_reports if sweep.work_reports is not None else sweep.reports
+            recovery.recovered += len(work) + len(sweep.blocked)
+            recovery.repaired |= any(r.disposition == "repaired" for r in work)
+            for work_report in sweep.work_reports or ():
+                if work_report.retry_at is not None:
+                    recovery.retry_at = min(recovery.retry_at or work_report.retry_at,
+                                            work_report.retry_at)
+        cursor = None if sweep.blocked else sweep.cursor
+        if cursor is None:
+            return
+
+
+def record_recovery_faults(
+    host: Host,
+    runtime: Runtime,
+    sweep: RecoverySweep,
+    recovery: NativeRecovery,
+    *,
+    current: list[WorkItem] | None = None,
+    selected_thread: str | None = None,
+) -> dict[str, RecoveryFault]:
+    """Create, change or clear the faults a sweep reveals, with their events; return the faults."""
+    threads: dict[str, dict[str, Any] | None] = {}
+    if selected_thread is not None:
+        threads[selected_thread] = None
+    for report in (*sweep.reports, *(sweep.work_reports or ())):
+        threads[report.thread] = None
+    for blocked in sweep.blocked:
+        threads[blocked.thread] = blocked.failure
+    if not threads:
+        return {}
+    now = clock.now()
+    if current is None:
+        if sweep.blocked:
+            with gate.native_source():
+                current = runtime.scan_nonterminal(host)
+        else:
+            current = []
+    subs = current
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> tuple[
+        dict[str, RecoveryFault], list[RecoveryFault]
+    ]:
+        events: list[RecoveryEvent] = []
+        faults: dict[str, RecoveryFault] = {}
+        newly: list[RecoveryFault] = []
+        for thread, failure in threads.items():
+            prev = RecoveryFault.objects.filter(host_id=host.pk, thread=thread).first()
+            prev_ids: list[str] = list(prev.recipients) if prev else []
+            if failure is None:
+                if prev is not None:
+                    ids = prev_ids or [r.submission for r in sweep.reports if r.thread == thread]
+                    events += [_event(prev, sid, "cleared", now) for sid in ids]
+                    prev.delete()
+                continue
+            known = set(prev_ids)
+            added = [s.submission for s in subs if s.thread == thread and s.submission not in known]
+            attempts_before = prev.attempts if prev else 0
+            fault = prev or RecoveryFault(host_id=host.pk, thread=thread, first_failed_at=now)
+            previous_failure = prev.failure if prev else None
+            fault.last_failed_at = now
+            fault.attempts = min(MAX_ATTEMPTS, attempts_before + 1)
+            fault.retry_at = now + timedelta(
+                milliseconds=backoff.recovery_fault_delay_ms(attempts_before)
+            )
+            fault.failure = failure
+            fault.recipients = prev_ids + added
+            fault.save()
+            if prev is not None and previous_failure != failure:
+                events += [_event(fault, sid, "changed", now) for sid in prev_ids]
+            events += [_event(fault, sid, "created", now) for sid in added]
+            faults[thread] = fault
+            if prev is None:
+                newly.append(fault)
+        append_recovery_events(state, queue, events)
+        return faults, newly
+
+    failpoints.hit("maintenance:recovery-status:before")
+    faults, newly = run_alarm_transaction(host.pk, "record recovery status", fn)
+    failpoints.hit("maintenance:recovery-status:after")
+    for fault in newly:
+        log = logger.critical if fault.failure.get("reason") == "defect" else logger.error
+        log(
+            "Native Thread recovery blocked; accepted work remains pending",
+            extra={"host": host.key, "thread": fault.thread, "failure": fault.failure},
+        )
+    return faults
+
+
+def _event(fault: RecoveryFault, submission: str, transition: str, now: datetime) -> RecoveryEvent:
+    return RecoveryEvent(
+        host_id=fault.host_id,
+        transition=transition,
+        thread=fault.thread,
+        submission=submission,
+        occurred_at=now,
+        first_failed_at=fault.first_failed_at,
+        failure=fault.failure,
+    )
+
+
+def append_recovery_events(
+    state: MaintenanceState, queue: DueQueue, events: list[RecoveryEvent]
+) -> None:
+    """Number ``events`` after the host's last sequence and enroll the delivery lane."""
+    if not events:
+        return
+    sequence = state.recovery_event_sequence
+    for event in events:
+        sequence += 1
+        event.sequence = sequence
+    RecoveryEvent.objects.bulk_create(events)
+    state.recovery_event_sequence = sequence
+    queue.dirty(RECOVERY_EVENTS, EPOCH, progress=True)
+
+
+def load_recovery_faults(
+    host: Host,
+    ids_by_thread: dict[str, list[str]],
+    recovery: NativeRecovery,
+    selection_time: datetime,
+) -> None:
+    """Load the faults of the scanned threads; new admissions on a faulted thread become
+    recipients (with a ``created`` event) without accelerating its retry."""
+    unloaded = [t for t in ids_by_thread if t not in recovery.loaded]
+    if unloaded:
+        for fault in RecoveryFault.objects.filter(host_id=host.pk, thread__in=unloaded):
+            recovery.faults[fault.thread] = fault
+        recovery.loaded.update(unloaded)
+    for thread, ids in ids_by_thread.items():
+        fault = recovery.faults.get(thread)
+        if fault is None or all(sid in fault.recipients for sid in ids):
+            continue
+
+        def fn(
+            state: MaintenanceState,
+            queue: DueQueue,
+            checkpoint: Checkpoint,
+            thread: str = thread,
+            ids: list[str] = ids,
+        ) -> RecoveryFault | None:
+            current = RecoveryFault.objects.filter(host_id=host.pk, thread=thread).first()
+            if current is None:
+                return None
+            added = [sid for sid in ids if sid not in current.recipients]
+            if added:
+                current.recipients = [*current.recipients, *added]
+                current.save(update_fields=["recipients"])
+                append_recovery_events(
+                    state, queue, [_event(current, sid, "created", selection_time) for sid in added]
+                )
+            return current
+
+        updated = run_alarm_transaction(host.pk, "record recovery recipients", fn)
+        if updated is None:
+            recovery.faults.pop(thread, None)
+        else:
+            recovery.faults[thread] = updated
+
+
+def deliver_recovery_events(ctx: LaneContext) -> datetime | None:
+    """The recovery-events lane: send each undelivered event to ``recovery_fault``, in order."""
+    from durable_agent.signals import recovery_fault
+
+    host = ctx.host
+    while not ctx.cancelled():
+        state = MaintenanceState.objects.get(host_id=host.pk)
+        sequence = state.recovery_event_acknowledged + 1
+        if sequence > state.recovery_event_sequence:
+            return None
+        event = RecoveryEvent.objects.get(host_id=host.pk, sequence=sequence)
+        recovery_fault.send(sender=RecoveryEvent, host=host, event=event)
+        delivered_at = clock.now()
+
+        def ack(
+            state: MaintenanceState,
+            queue: DueQueue,
+            checkpoint: Checkpoint,
+            sequence: int = sequence,
+        ) -> None:
+            if state.recovery_event_acknowledged < sequence:
+                state.recovery_event_acknowledged = sequence
+                RecoveryEvent.objects.filter(host_id=host.pk, sequence=sequence).update(
+                    delivered_at=delivered_at
+                )
+
+        run_alarm_transaction(host.pk, "acknowledge recovery event", ack)
+    return ctx.now()
+
+
+def blocked_failure(thread: str, exc: BaseException, operation: str) -> Blocked:
+    return Blocked(thread=thread, failure=failure_of(exc, phase="recovery", operation=operation))

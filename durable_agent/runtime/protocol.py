@@ -1,0 +1,137 @@
+"""What the maintenance pass needs from a runtime (DESIGN section 8).
+
+The pass talks to the runtime only through :class:`Runtime`. Identifiers of threads and
+submissions are the runtime's own strings. The ``RUNTIME`` setting selects the implementation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from durable_agent.models import Host
+
+SubmissionState = Literal[
+    "admitted", "ready", "running", "suspended", "unknown", "joined", "settled"
+]
+Disposition = Literal["repaired", "unknown", "unchanged"]
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One nonterminal submission, as ``scan_nonterminal`` returns it (FIFO per thread)."""
+
+    thread: str
+    submission: str
+    state: str
+
+
+@dataclass(frozen=True)
+class DiscoveryPage:
+    """Threads that own recoverable work, after a cursor; ``after`` is set when more remain."""
+
+    threads: tuple[str, ...] = ()
+    after: str | None = None
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """A recovery decision about one submission.
+
+    ``decision`` names what recovery decided (for example ``"ApplyInput"``, ``"SettleAborted"``,
+    ``"MarkUnknown"``); ``disposition`` says whether it repaired anything.
+    """
+
+    thread: str
+    submission: str
+    decision: str
+    disposition: Disposition = "unchanged"
+
+
+@dataclass(frozen=True)
+class WorkReport:
+    """A recovery outcome about a thread's own work (not tied to one submission)."""
+
+    thread: str
+    disposition: Disposition = "unchanged"
+    retry_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A thread whose recovery failed; ``failure`` never contains payload bytes."""
+
+    thread: str
+    failure: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecoverySweep:
+    """One page of recovery of one thread; ``cursor`` is set when more pages remain."""
+
+    reports: tuple[RecoveryReport, ...] = ()
+    work_reports: tuple[WorkReport, ...] | None = None
+    blocked: tuple[Blocked, ...] = ()
+    cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What one attempt settled."""
+
+    thread: str
+    submission: str
+    outcome: str
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """The runtime protocol. Every method may be called from a worker thread."""
+
+    def binding_registry_key(self) -> str:
+        """A stable, order-insensitive fingerprint of every registered binding."""
+        ...
+
+    def scan_nonterminal(self, host: Host) -> list[WorkItem]:
+        """Every nonterminal submission of the host, FIFO per thread (control state only)."""
+        ...
+
+    def discover_work_threads(
+        self, host: Host, after: str | None, limit: int
+    ) -> DiscoveryPage:
+        """Up to ``limit`` threads owning recoverable work, ordered by id, after ``after``."""
+        ...
+
+    def run_recovery(self, host: Host, thread: str, cursor: str | None) -> RecoverySweep:
+        """Recover one page of ``thread`` (expired leases, unknown outcomes...)."""
+        ...
+
+    def process_thread_head(
+        self, host: Host, thread: str, yield_after: datetime
+    ) -> Settlement | None:
+        """Claim the head of ``thread``, run it and settle it, or return None.
+
+        Raises:
+            BindingUnavailable: the head's agent binding is not registered here.
+        """
+        ...
+
+    def read_abort_intent(self, host: Host, submission: str) -> object | None:
+        """The accepted abort of a never-claimed head, or None."""
+        ...
+
+
+def stable_external_wait(item: WorkItem, reports: dict[str, RecoveryReport]) -> bool:
+    """Is the row dormant until an external mutation (approval, unknown resolution...)?"""
+    report = reports.get(item.submission)
+    if report is not None and report.decision == "SettleAborted":
+        return False
+    if item.state in ("suspended", "joined"):
+        return True
+    if item.state == "unknown":
+        return report is not None and report.disposition == "unknown"
+    if item.state == "admitted":
+        return report is not None and report.decision == "AwaitParentEstablishment"
+    return False
