@@ -6,7 +6,13 @@ import pytest
 from django.db import connection
 
 from durable_agent.models import Host
-from durable_agent.testing import FakeClock, fake_clock, fake_random
+from durable_agent.testing import (
+    FakeClock,
+    ScriptedRuntime,
+    fake_clock,
+    fake_random,
+    installed_runtime,
+)
 from tests.factories import T0, HostFactory
 
 _deselected_postgres: list[str] = []
@@ -50,3 +56,28 @@ def rng() -> Iterator[object]:
 @pytest.fixture
 def host(db: None) -> Host:
     return HostFactory()
+
+
+@pytest.fixture(autouse=True)
+def _pass_runs_inline(request: pytest.FixtureRequest, settings: object) -> None:
+    """Passes run attempts and waves inline, so they see the test's transaction.
+
+    Tests marked ``threads`` keep the thread pool (they need ``transaction=True``).
+    """
+    if request.node.get_closest_marker("threads") is None:
+        settings.DURABLE_AGENT = {**(settings.DURABLE_AGENT or {}), "PASS_WORKERS": 1}  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _restore_lane_registry() -> Iterator[None]:
+    from durable_agent.maintenance import lane_registry
+
+    saved = lane_registry.snapshot()
+    yield
+    lane_registry.restore(saved)
+
+
+@pytest.fixture
+def runtime() -> Iterator[ScriptedRuntime]:
+    with installed_runtime(ScriptedRuntime()) as scripted:
+        yield scripted
