@@ -150,7 +150,7 @@ class ScriptedRuntime:
         self.recovery_pages: dict[tuple[int, str], list[object]] = {}
         self.abort_intents: dict[str, object] = {}
         self.owners: dict[int, set[str]] = {}
-        self.calls: list[tuple[str, str]] = []
+        self.calls: list[tuple[str, ...]] = []
         self._sequence = 0
         self._lock = threading.RLock()
 
@@ -217,14 +217,16 @@ class ScriptedRuntime:
 
         self.calls.append(("discover_work_threads", host.key))
         with self._lock:
-            owners = sorted(t for t in self.owners.get(host.pk, set()) if after is None or t > after)
+            owners = sorted(
+                t for t in self.owners.get(host.pk, set()) if after is None or t > after
+            )
         page = owners[:limit]
         return DiscoveryPage(tuple(page), page[-1] if len(owners) > limit else None)
 
     def run_recovery(self, host: Any, thread: str, cursor: str | None) -> Any:
         from durable_agent.runtime import RecoverySweep
 
-        self.calls.append(("run_recovery", thread))
+        self.calls.append(("run_recovery", thread, str(cursor)))
         with self._lock:
             pages = self.recovery_pages.get((host.pk, thread), [])
             sweep = pages.pop(0) if pages else RecoverySweep()
@@ -250,7 +252,9 @@ class ScriptedRuntime:
         head.attempts += 1
         behaviour = head.behaviour
         if behaviour == "binding":
-            raise BindingUnavailable(f"No binding for {head.submission}", submission=head.submission)
+            raise BindingUnavailable(
+                f"No binding for {head.submission}", submission=head.submission
+            )
         if behaviour == "raise":
             raise RuntimeError(f"attempt of {head.submission} failed")
         if behaviour == "hang":

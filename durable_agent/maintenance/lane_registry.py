@@ -93,7 +93,7 @@ def _spec(lane: str, run: Handler, phase: str, allowance_ms: int) -> LaneSpec:
             f"A lane allowance is an int of {MIN_ALLOWANCE_MS}..{MAX_ALLOWANCE_MS} ms, "
             f"not {allowance_ms!r}"
         )
-    return LaneSpec(lane, run, phase, allowance_ms)  # type: ignore[arg-type]
+    return LaneSpec(lane, run, phase, allowance_ms)  # type: ignore[arg-type,unused-ignore]
 
 
 def register(
@@ -150,8 +150,9 @@ def handler(lane: str) -> LaneSpec | None:
     if lane == RECOVERY_EVENTS:
         from durable_agent.maintenance.recovery import deliver_recovery_events
 
-        return LaneSpec(RECOVERY_EVENTS, deliver_recovery_events, "concurrent",
-                        RECOVERY_EVENT_LANE_ALLOWANCE_MS)
+        return LaneSpec(
+            RECOVERY_EVENTS, deliver_recovery_events, "concurrent", RECOVERY_EVENT_LANE_ALLOWANCE_MS
+        )
     with _lock:
         return _framework.get(lane) or _host_lanes.get(lane)
 

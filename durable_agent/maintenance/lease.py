@@ -21,7 +21,6 @@ from django.db import connections
 from durable_agent import clock, conf
 from durable_agent.maintenance.alarm import Checkpoint
 from durable_agent.maintenance.due_queue import DueQueue
-from durable_agent.maintenance.transactions import run_alarm_transaction
 from durable_agent.models import MaintenanceState
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -49,43 +48,52 @@ class Stale:
     reason: str
 
 
-def acquire(host_id: int, *, fired_for: datetime | None = None) -> Lease | Busy | Stale:
-    """Take the host's pass lease, or report who holds it. Arms the slot by the expiry.
+def take(
+    state: MaintenanceState,
+    queue: DueQueue,
+    checkpoint: Checkpoint,
+    now: datetime,
+    *,
+    fired_for: datetime | None = None,
+) -> Lease | Busy | Stale:
+    """Take the host's pass lease inside an alarm transaction, or say why not.
 
-    With ``fired_for`` (the deadline an alarm delivery carries) this is also the early-fire
-    guard: when the slot now holds a later time, or nothing is due, the delivery changes
-    nothing but making sure the slot holds the earliest lane deadline.
+    Arms the slot no later than the lease's expiry. With ``fired_for`` (the deadline an alarm
+    delivery carries) this is also the early-fire guard: when the slot now holds a later time,
+    or nothing is due, the delivery changes nothing but making sure the slot holds the
+    earliest lane deadline.
     """
+    host_id = state.host_id
+    if fired_for is not None:
+        earliest = queue.next()
+        if checkpoint.current is not None and checkpoint.current > now:
+            return Stale(host_id, "the slot holds a later time")
+        due = (
+            state.dirty > state.processed
+            or state.has_recovery_events
+            or (earliest is not None and earliest <= now)
+        )
+        if not due:
+            if earliest is not None:
+                checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
+            return Stale(host_id, "nothing is due")
+    held = state.pass_lease_expires_at
+    if state.pass_lease_owner and held is not None and held > now:
+        checkpoint.earlier(held)
+        return Busy(host_id, state.pass_lease_owner, held)
     owner = uuid.uuid4().hex
-    now = clock.now()
     expires = now + conf.pass_lease_ttl()
+    state.pass_lease_owner = owner
+    state.pass_lease_expires_at = expires
+    checkpoint.earlier(expires)
+    return Lease(host_id, owner, expires)
 
-    def fn(
-        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
-    ) -> Lease | Busy | Stale:
-        if fired_for is not None:
-            earliest = queue.next()
-            if checkpoint.current is not None and checkpoint.current > now:
-                return Stale(host_id, "the slot holds a later time")
-            due = (
-                state.dirty > state.processed
-                or state.has_recovery_events
-                or (earliest is not None and earliest <= now)
-            )
-            if not due:
-                if earliest is not None:
-                    checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
-                return Stale(host_id, "nothing is due")
-        held = state.pass_lease_expires_at
-        if state.pass_lease_owner and held is not None and held > now:
-            checkpoint.earlier(held)
-            return Busy(host_id, state.pass_lease_owner, held)
-        state.pass_lease_owner = owner
-        state.pass_lease_expires_at = expires
-        checkpoint.earlier(expires)
-        return Lease(host_id, owner, expires)
 
-    return run_alarm_transaction(host_id, "take maintenance pass lease", fn)
+def release_in(state: MaintenanceState, lease: Lease) -> None:
+    """Give the lease back inside an alarm transaction (only if it is still ours)."""
+    if state.pass_lease_owner == lease.owner:
+        state.pass_lease_owner = None
+        state.pass_lease_expires_at = None
 
 
 def release(lease: Lease) -> None:

@@ -6,6 +6,14 @@ Note [Acknowledge only the observed generation]
     no mutation overlapped it. A producer that committed during the pass advanced ``dirty``
     past the observed generation, so the host stays dirty and its alarm armed.
 
+Note [Stable waits are not swept]
+    Upstream sweeps every head that is not eligible, stable waits included. A thread whose head
+    waits on an external mutation (approval, unknown resolution, a parked binding) has nothing
+    recovery can do until that mutation arrives, and the mutation advances the generation
+    itself; sweeping it again every pass would keep a host with many waits autonomous forever.
+    So the old-work backlog holds only heads that are neither eligible nor waiting, and owners
+    the runtime discovered.
+
 Note [Followers behind a stable wait]
     A ``ready`` submission queued behind a head that waits on an external mutation (approval,
     unknown resolution, a parked binding) cannot run before its head: it is dormant too, so a
@@ -23,7 +31,7 @@ from datetime import datetime, timedelta
 from durable_agent import clock, conf
 from durable_agent.errors import BindingUnavailable
 from durable_agent.maintenance import backoff, failpoints, gate
-from durable_agent.maintenance.alarm import Checkpoint, retry_deadline
+from durable_agent.maintenance.alarm import Checkpoint
 from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.recovery import (
     NativeRecovery,
@@ -95,15 +103,12 @@ class NativeStep:
 
     def run(self) -> NativeResult:
         if not self.started.actionable:
-            return NativeResult("caught-up", self.started.nonterminal, self._caught_up_next())
+            return NativeResult("caught-up", self.started.nonterminal, None)
         view = self._observe()
         selected, backlog = self._select(view)
         futures: list[Future[int]] = []
         if clock.now() < self.yield_after:
-            futures = [
-                self.executor.submit(lambda head=view.heads[t]: self._attempt(head, view.waits))
-                for t in selected
-            ]
+            futures = [self._submit_attempt(view.heads[t], view.waits) for t in selected]
         for thread in backlog:
             self._recover_backlog_thread(thread)
         failure: BaseException | None = None
@@ -119,19 +124,10 @@ class NativeStep:
             raise failure
         return self._checkpoint()
 
+    def _submit_attempt(self, head: WorkItem, waits: list[BindingRetry]) -> Future[int]:
+        return self.executor.submit(lambda: self._attempt(head, waits))
+
     # -- observation -----------------------------------------------------------------------
-
-    def _caught_up_next(self) -> datetime | None:
-        def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
-            now = clock.now()
-            active = _live_tickets(state.host_id, now)
-            if active > 0 or state.dirty > state.processed:
-                retry_at = retry_deadline(state)
-                native = retry_at if retry_at is not None and active == 0 else now + _min_delay()
-                return max(now + _min_delay(), native)
-            return None
-
-        return run_alarm_transaction(self.host.pk, "read maintenance generation", fn)
 
     def _observe(self) -> _View:
         host, runtime, recovery = self.host, self.runtime, self.recovery
@@ -177,7 +173,9 @@ class NativeStep:
             and not waiting(head)
             and (head.state == "ready" or head.submission in reports)
         )
-        waits = [w for w in waits if w.thread in heads and heads[w.thread].submission == w.submission]
+        waits = [
+            w for w in waits if w.thread in heads and heads[w.thread].submission == w.submission
+        ]
         return _View(
             scanned_generation=state.dirty,
             current=current,
@@ -241,6 +239,7 @@ class NativeStep:
                 t
                 for t in dict.fromkeys([*view.heads, *view.owners])
                 if t not in view.eligible
+                and not (t in view.heads and view.waiting(view.heads[t]))
                 and (t not in recovery.faults or recovery.faults[t].retry_at <= selection_time)
             ]
             cursor = state.last_recovered_thread
@@ -266,7 +265,7 @@ class NativeStep:
             state.last_recovered_thread = thread
 
         failpoints.hit("maintenance:select:before")
-        run_alarm_transaction(self.host.pk, "advance recovery cursor", fn)
+        run_alarm_transaction(self.host, "advance recovery cursor", fn)
         failpoints.hit("maintenance:select:after")
         recover_thread(self.host, self.runtime, thread, self.recovery)
         with self.recovery.lock:
@@ -290,8 +289,12 @@ class NativeStep:
             logger.error(
                 "Thread parked until its agent binding registry changes; "
                 "original work remains pending",
-                extra={"host": self.host.key, "thread": head.thread,
-                       "submission": head.submission, "error": str(binding_failure)},
+                extra={
+                    "host": self.host.key,
+                    "work_thread": head.thread,
+                    "submission_id": head.submission,
+                    "error": str(binding_failure),
+                },
             )
         if binding_failure is not None or previous is not None:
             self._record_binding_wait(head, previous, binding_failure is not None)
@@ -310,13 +313,15 @@ class NativeStep:
                     host_id=state.host_id,
                     thread=head.thread,
                     submission=head.submission,
-                    attempts=min(backoff.MAX_RETRY_STALLS, (previous.attempts if previous else 0) + 1),
+                    attempts=min(
+                        backoff.MAX_RETRY_STALLS, (previous.attempts if previous else 0) + 1
+                    ),
                     reported_at=previous.reported_at if previous else now,
                     registry_key=key,
                 )
 
         failpoints.hit("maintenance:binding-retry:before")
-        run_alarm_transaction(self.host.pk, "record submission binding wait", fn)
+        run_alarm_transaction(self.host, "record submission binding wait", fn)
         failpoints.hit("maintenance:binding-retry:after")
 
     # -- checkpoint ------------------------------------------------------------------------
@@ -405,7 +410,7 @@ class NativeStep:
             return due
 
         failpoints.hit("maintenance:checkpoint:before")
-        next_at = run_alarm_transaction(self.host.pk, "checkpoint maintenance generation", fn)
+        next_at = run_alarm_transaction(self.host, "checkpoint maintenance generation", fn)
         failpoints.hit("maintenance:checkpoint:after")
         return NativeResult("actionable", len(remaining), next_at, self.settled)
 

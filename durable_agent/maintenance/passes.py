@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,7 +35,6 @@ from durable_agent.maintenance.waves import (
     Observation,
     admissible,
     join,
-    run_queued,
     run_wave,
     validate_lanes,
 )
@@ -176,41 +175,51 @@ def run_pass(
     Raises:
         Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery.
     """
-    host_id = resolve_host_id(host)
-    host_obj = Host.objects.get(pk=host_id)
+    host_obj = _host(host)
     started_at = clock.now()
-    lateness = None if deadline is None else int((started_at - deadline) / timedelta(milliseconds=1))
-    taken = lease.acquire(host_id, fired_for=deadline if guard else None)
+    lateness = (
+        None if deadline is None else int((started_at - deadline) / timedelta(milliseconds=1))
+    )
+    observed = Observation()
+    begun = _begin(host_obj, observed, get_runtime(), fired_for=deadline if guard else None)
+    taken = begun.lease
     if isinstance(taken, lease.Stale):
         logger.debug("Stale alarm delivery: %s", taken.reason, extra={"host": host_obj.key})
         return PassReport(host=host_obj.key, phase="stale", lateness_ms=lateness)
     if isinstance(taken, lease.Busy):
-        report = PassReport(host=host_obj.key, phase=PassPhase.BUSY, lateness_ms=lateness)
+        report = PassReport(host=host_obj.key, phase=PassPhase.BUSY.value, lateness_ms=lateness)
         _record(host_obj, started_at, report, deadline=deadline)
         return report
-    observed = Observation()
+    released = False
     try:
         with lease.heartbeat(taken):
             try:
-                result, phase, recovered, settled = _run_event(host_obj, started_at, observed)
-                alarm = _finish(host_obj, observed, result)
+                result, phase, recovered, settled = _run_event(
+                    host_obj, started_at, observed, begun
+                )
+                alarm, parked = _finish(host_obj, observed, result, taken)
+                released = True
             except BaseException as exc:
                 try:
                     rearm_failure(host_obj, observed)
                 except Exception:
-                    logger.exception("Backing off a failed pass failed", extra={"host": host_obj.key})
-                _record(
-                    host_obj,
-                    started_at,
-                    PassReport(host=host_obj.key, phase=PassPhase.FAILED, lateness_ms=lateness,
-                               generation=observed.generation),
-                    deadline=deadline,
-                    error=exc,
+                    logger.exception(
+                        "Backing off a failed pass failed", extra={"host": host_obj.key}
+                    )
+                failed = PassReport(
+                    host=host_obj.key,
+                    phase=PassPhase.FAILED.value,
+                    lateness_ms=lateness,
+                    generation=observed.generation,
                 )
+                _record(host_obj, started_at, failed, deadline=deadline, error=exc)
                 raise
     finally:
-        lease.release(taken)
-        report_parked(host_id)
+        if not released:
+            lease.release(taken)
+            report_parked(host_obj.pk)
+    if parked:
+        report_parked(host_obj.pk)
     report = PassReport(
         host=host_obj.key,
         phase=phase,
@@ -223,6 +232,17 @@ def run_pass(
     )
     _record(host_obj, started_at, report, deadline=deadline)
     return report
+
+
+def _host(host: Host | str | int) -> Host:
+    if isinstance(host, Host) and host.pk is not None:
+        return host
+    found = Host.objects.filter(pk=resolve_host_id(host, verify=False)).first()
+    if found is None:
+        from durable_agent.errors import HostNotFound
+
+        raise HostNotFound(f"No host {host!r}", host=host)
+    return found
 
 
 def _record(
@@ -267,20 +287,25 @@ def _check_deadline(event_deadline: datetime) -> None:
 
 
 def _run_event(
-    host: Host, started_at: datetime, observed: Observation
+    host: Host, started_at: datetime, observed: Observation, begun: Begun
 ) -> tuple[NativeResult, str, int, int]:
     runtime = get_runtime()
     yield_after = started_at + conf.yield_after()
     dispatch_until = started_at + conf.dispatch_until()
     event_deadline = started_at + conf.event_timeout()
-    started = _begin(host, observed, runtime)
-    rows, producing = _observe_rows(host, observed)
+    started, rows, producing = begun.started, begun.rows, begun.producing
+    assert started is not None
+    for row in rows:
+        observed.queue.setdefault(row.lane, row)
+        if row.lane not in producing:
+            observed.available[row.lane] = row.revision
     validate_lanes(rows)
     executor = Executor(conf.pass_workers())
     failures: list[BaseException] = []
     try:
-        waves = _admit_waves(host, rows, producing, "concurrent", observed, yield_after,
-                             dispatch_until, executor)
+        waves = _admit_waves(
+            host, rows, producing, "concurrent", observed, yield_after, dispatch_until, executor
+        )
         native = NativeStep(host, runtime, started, yield_after, executor)
         observed.native_only = started.actionable and not waves
         try:
@@ -297,17 +322,37 @@ def _run_event(
     if failures:
         raise failures[0]
     _check_deadline(event_deadline)
-    phase = PassPhase.ACTIONABLE if started.actionable else result.phase
+    phase = PassPhase.ACTIONABLE.value if started.actionable else result.phase
     return result, phase, native.recovery.recovered, native.settled
 
 
-def _begin(host: Host, observed: Observation, runtime: Runtime) -> Started:
-    """``begin_pass`` under the generation snapshot: charge the native lane once (6.2)."""
+@dataclass
+class Begun:
+    lease: lease.Lease | lease.Busy | lease.Stale
+    started: Started | None = None
+    rows: list[Lane] = field(default_factory=list)
+    producing: frozenset[str] = frozenset()
+
+
+def _begin(
+    host: Host, observed: Observation, runtime: Runtime, *, fired_for: datetime | None
+) -> Begun:
+    """Take the lease and ``begin_pass`` under the generation snapshot, in one short
+    transaction: charge the native lane once (6.2)."""
     failpoints.hit("maintenance:begin:before")
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Started:
-        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Begun:
+        taken = lease.take(state, queue, checkpoint, now, fired_for=fired_for)
+        if not isinstance(taken, lease.Lease):
+            return Begun(taken)
+        tickets = list(
+            MutationTicket.objects.filter(host_id=state.host_id)
+            .live(now=now)
+            .values_list("lanes", flat=True)
+        )
+        active = len(tickets)
+        producing = frozenset(lane for lanes in tickets for lane in lanes)
         read_current_state(state, queue, runtime)
         _register_framework_lanes(queue)
         if state.has_recovery_events and queue.find(RECOVERY_EVENTS) is None:
@@ -327,13 +372,13 @@ def _begin(host: Host, observed: Observation, runtime: Runtime) -> Started:
             or native.floor > now
             or (publication is not None and publication.parked)
         ):
-            return caught_up
+            return Begun(taken, caught_up, queue.read(), producing)
         if observed.charged.get(NATIVE) == native.revision:
             charged: Lane | None = native
         else:
             charged = queue.claim(native, now, native=True)
         if charged is None:
-            return caught_up
+            return Begun(taken, caught_up, queue.read(), producing)
         observed.queue[NATIVE] = charged
         observed.charged[NATIVE] = charged.revision
         earliest = queue.next()
@@ -341,24 +386,14 @@ def _begin(host: Host, observed: Observation, runtime: Runtime) -> Started:
             checkpoint.cancel()
         else:
             checkpoint.at(max(now + conf.minimum_alarm_delay(), earliest))
-        return Started(True, state.dirty, state.nonterminal, active, charged.revision,
-                       charged.stalls)
+        started = Started(
+            True, state.dirty, state.nonterminal, active, charged.revision, charged.stalls
+        )
+        return Begun(taken, started, queue.read(), producing)
 
-    started = run_alarm_transaction(host.pk, "begin maintenance pass", fn)
+    begun = run_alarm_transaction(host, "begin maintenance pass", fn)
     failpoints.hit("maintenance:begin:after")
-    return started
-
-
-def _observe_rows(host: Host, observed: Observation) -> tuple[list[Lane], frozenset[str]]:
-    from durable_agent.maintenance import gate
-
-    rows = [Lane.from_model(r) for r in host.lanes.all().order_by("lane")]
-    producing = gate.active_lanes(host.pk)
-    for row in rows:
-        observed.queue.setdefault(row.lane, row)
-        if row.lane not in producing:
-            observed.available[row.lane] = row.revision
-    return rows, producing
+    return begun
 
 
 def _admit_waves(
@@ -377,14 +412,24 @@ def _admit_waves(
         spec = lane_registry.handler(row.lane)
         if spec is None or spec.phase != phase:
             continue
-        cancelled = threading.Event()
-        future = executor.submit(
-            lambda spec=spec, row=row, cancelled=cancelled: run_wave(
-                host, spec, row, observed, until, dispatch_end, cancelled
-            )
-        )
-        waves.append((row.lane, future, cancelled, spec.allowance_ms / 1000))
+        waves.append(_submit_wave(executor, host, spec, row, observed, until, dispatch_end))
     return waves
+
+
+def _submit_wave(
+    executor: Executor,
+    host: Host,
+    spec: lane_registry.LaneSpec,
+    row: Lane,
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+) -> tuple[str, Future[Any], threading.Event, float]:
+    cancelled = threading.Event()
+    future = executor.submit(
+        lambda: run_wave(host, spec, row, observed, until, dispatch_end, cancelled)
+    )
+    return row.lane, future, cancelled, spec.allowance_ms / 1000
 
 
 def _after_native(
@@ -401,7 +446,7 @@ def _after_native(
     if not selected:
         return []
     rows = {r.lane: r for r in (Lane.from_model(x) for x in host.lanes.all())}
-    producing = gate.active_lanes(host.pk)
+    producing = gate.active_lanes(host)
     for row in rows.values():
         if row.lane not in producing:
             observed.available[row.lane] = row.revision
@@ -412,9 +457,9 @@ def _after_native(
     rotated = ordered[index:] + ordered[:index]
     failures: list[BaseException] = []
     for spec in rotated:
-        row = rows.get(spec.lane)
+        found = rows.get(spec.lane)
         now = clock.now()
-        if row is None or row.due_at is None or row.due_at > now or spec.lane in producing:
+        if found is None or found.due_at is None or found.due_at > now or spec.lane in producing:
             continue
         if now + timedelta(milliseconds=spec.allowance_ms) > dispatch_end:
             continue
@@ -424,22 +469,23 @@ def _after_native(
         ) -> None:
             state.last_after_native_lane = lane
 
-        run_alarm_transaction(host.pk, "admit after-native wave", admit)
-        cancelled = threading.Event()
-        future = executor.submit(
-            lambda spec=spec, row=row, cancelled=cancelled: run_wave(
-                host, spec, row, observed, until, dispatch_end, cancelled
-            )
-        )
-        failures += join([(spec.lane, future, cancelled, spec.allowance_ms / 1000)])
+        run_alarm_transaction(host, "admit after-native wave", admit)
+        failures += join([_submit_wave(executor, host, spec, found, observed, until, dispatch_end)])
     return failures
 
 
-def _finish(host: Host, observed: Observation, result: NativeResult) -> str:
-    """The final alarm decision: rearm at the earliest lane, or clear (6.10)."""
+def _finish(
+    host: Host, observed: Observation, result: NativeResult, taken: lease.Lease
+) -> tuple[str, bool]:
+    """The final alarm decision: rearm at the earliest lane, or clear (6.10).
+
+    Also gives the lease back, and says whether a lane waits for its parked notice.
+    """
     failpoints.hit("maintenance:finish:before")
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> str:
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> tuple[str, bool]:
+        lease.release_in(state, taken)
+        parked = any(row.parked and not row.reported for row in queue.read())
         now = clock.now()
         delay = conf.minimum_alarm_delay()
         active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
@@ -457,11 +503,11 @@ def _finish(host: Host, observed: Observation, result: NativeResult) -> str:
         earliest = queue.next()
         if earliest is not None:
             checkpoint.at(max(now + delay, earliest))
-            return "rearmed"
+            return "rearmed", parked
         checkpoint.cancel()
-        return "cleared"
+        return "cleared", parked
 
-    disposition = run_alarm_transaction(host.pk, "finish maintenance event", fn)
+    disposition = run_alarm_transaction(host, "finish maintenance event", fn)
     failpoints.hit("maintenance:finish:after")
     return disposition
 
@@ -490,10 +536,9 @@ def rearm_failure(host: Host, observed: Observation) -> None:
             state.retry_not_before = max(prev_floor or floor, floor)
             state.retry_native_only = native_only
             state.retry_stalls = min(backoff.MAX_RETRY_STALLS, prev_stalls + 1)
+        native_deadline = state.retry_not_before or now + delay
         if active > 0 or state.dirty != generation:
             native_deadline = now + delay
-        else:
-            native_deadline = state.retry_not_before
         queue.checkpoint_native(
             native_deadline if (state.dirty > state.processed or active > 0) else None
         )
@@ -506,7 +551,8 @@ def rearm_failure(host: Host, observed: Observation) -> None:
             charged = row if observed.charged.get(lane) == row.revision else queue.claim(row, now)
             if charged is not None:
                 queue.complete(
-                    charged, now + timedelta(milliseconds=backoff.backoff_delay_ms(charged.stalls, jitter))
+                    charged,
+                    now + timedelta(milliseconds=backoff.backoff_delay_ms(charged.stalls, jitter)),
                 )
         earliest = queue.next()
         if earliest is None:
@@ -514,7 +560,7 @@ def rearm_failure(host: Host, observed: Observation) -> None:
         else:
             checkpoint.at(max(now + delay, earliest))
 
-    run_alarm_transaction(host.pk, "back off failed maintenance", fn)
+    run_alarm_transaction(host, "back off failed maintenance", fn)
     failpoints.hit("maintenance:retry:after")
 
 

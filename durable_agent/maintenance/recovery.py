@@ -76,8 +76,9 @@ def recover_thread(host: Host, runtime: Runtime, thread: str, recovery: NativeRe
             recovery.repaired |= any(r.disposition == "repaired" for r in work)
             for work_report in sweep.work_reports or ():
                 if work_report.retry_at is not None:
-                    recovery.retry_at = min(recovery.retry_at or work_report.retry_at,
-                                            work_report.retry_at)
+                    recovery.retry_at = min(
+                        recovery.retry_at or work_report.retry_at, work_report.retry_at
+                    )
         cursor = None if sweep.blocked else sweep.cursor
         if cursor is None:
             return
@@ -96,8 +97,10 @@ def record_recovery_faults(
     threads: dict[str, dict[str, Any] | None] = {}
     if selected_thread is not None:
         threads[selected_thread] = None
-    for report in (*sweep.reports, *(sweep.work_reports or ())):
+    for report in sweep.reports:
         threads[report.thread] = None
+    for work_report in sweep.work_reports or ():
+        threads[work_report.thread] = None
     for blocked in sweep.blocked:
         threads[blocked.thread] = blocked.failure
     if not threads:
@@ -111,9 +114,9 @@ def record_recovery_faults(
             current = []
     subs = current
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> tuple[
-        dict[str, RecoveryFault], list[RecoveryFault]
-    ]:
+    def fn(
+        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
+    ) -> tuple[dict[str, RecoveryFault], list[RecoveryFault]]:
         events: list[RecoveryEvent] = []
         faults: dict[str, RecoveryFault] = {}
         newly: list[RecoveryFault] = []
@@ -149,13 +152,13 @@ def record_recovery_faults(
         return faults, newly
 
     failpoints.hit("maintenance:recovery-status:before")
-    faults, newly = run_alarm_transaction(host.pk, "record recovery status", fn)
+    faults, newly = run_alarm_transaction(host, "record recovery status", fn)
     failpoints.hit("maintenance:recovery-status:after")
     for fault in newly:
         log = logger.critical if fault.failure.get("reason") == "defect" else logger.error
         log(
             "Native Thread recovery blocked; accepted work remains pending",
-            extra={"host": host.key, "thread": fault.thread, "failure": fault.failure},
+            extra={"host": host.key, "work_thread": fault.thread, "failure": fault.failure},
         )
     return faults
 
@@ -201,8 +204,8 @@ def load_recovery_faults(
             recovery.faults[fault.thread] = fault
         recovery.loaded.update(unloaded)
     for thread, ids in ids_by_thread.items():
-        fault = recovery.faults.get(thread)
-        if fault is None or all(sid in fault.recipients for sid in ids):
+        known = recovery.faults.get(thread)
+        if known is None or all(sid in known.recipients for sid in ids):
             continue
 
         def fn(
@@ -224,7 +227,7 @@ def load_recovery_faults(
                 )
             return current
 
-        updated = run_alarm_transaction(host.pk, "record recovery recipients", fn)
+        updated = run_alarm_transaction(host, "record recovery recipients", fn)
         if updated is None:
             recovery.faults.pop(thread, None)
         else:
@@ -250,6 +253,7 @@ def deliver_recovery_events(ctx: LaneContext) -> datetime | None:
             queue: DueQueue,
             checkpoint: Checkpoint,
             sequence: int = sequence,
+            delivered_at: datetime = delivered_at,
         ) -> None:
             if state.recovery_event_acknowledged < sequence:
                 state.recovery_event_acknowledged = sequence
@@ -257,7 +261,7 @@ def deliver_recovery_events(ctx: LaneContext) -> datetime | None:
                     delivered_at=delivered_at
                 )
 
-        run_alarm_transaction(host.pk, "acknowledge recovery event", ack)
+        run_alarm_transaction(host, "acknowledge recovery event", ack)
     return ctx.now()
 
 

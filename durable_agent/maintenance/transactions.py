@@ -49,8 +49,12 @@ class AlarmContext:
     checkpoint: Checkpoint
 
 
-def resolve_host_id(host: Host | str | int) -> int:
-    """Return the primary key of ``host`` (a Host, its key, or its pk)."""
+def resolve_host_id(host: Host | str | int, *, verify: bool = True) -> int:
+    """Return the primary key of ``host`` (a Host, its key, or its pk).
+
+    An id is checked to exist unless ``verify`` is False (alarm transactions check it anyway
+    when they lock the host).
+    """
     if isinstance(host, Host):
         if host.pk is None:
             raise HostNotFound("The host has not been saved", host=host)
@@ -58,7 +62,7 @@ def resolve_host_id(host: Host | str | int) -> int:
     if isinstance(host, bool):
         raise HostNotFound(f"No host {host!r}", host=host)
     if isinstance(host, int):
-        if not Host.objects.filter(pk=host).exists():
+        if verify and not Host.objects.filter(pk=host).exists():
             raise HostNotFound(f"No host with id {host}", host=host)
         return host
     if isinstance(host, str):
@@ -112,7 +116,10 @@ def lock_state(host_id: int) -> MaintenanceState:
             [MaintenanceState(host_id=host_id)], ignore_conflicts=True
         )
         state = query.get(host_id=host_id)
-    state.host = Host.objects.select_related("alarm").get(pk=host_id)
+    host = Host.objects.select_related("alarm").filter(pk=host_id).first()
+    if host is None:
+        raise HostNotFound(f"No host with id {host_id}", host=host_id)
+    state.host = host
     return state
 
 
@@ -140,7 +147,7 @@ def run_alarm_transaction(host: Host | str | int, operation: str, fn: AlarmFn[T]
     :class:`DurableAgentError` become :class:`AlarmError` ``(operation, message)``; nothing is
     committed either way.
     """
-    host_id = resolve_host_id(host)
+    host_id = resolve_host_id(host, verify=False)
     outermost = user_atomic_depth() == 0
     committing = False
     try:

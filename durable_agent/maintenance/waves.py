@@ -103,7 +103,7 @@ def run_queued(
         _arm_next(queue, checkpoint, now)
         return claimed
 
-    claimed = run_alarm_transaction(host.pk, "charge maintenance attempt", charge)
+    claimed = run_alarm_transaction(host, "charge maintenance attempt", charge)
     if claimed is None:
         return False, None
     with observed.lock:
@@ -121,7 +121,7 @@ def run_queued(
     jitter = clock.random()
 
     def complete(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> int | None:
-        if row.lane in gate.active_lanes(host.pk):
+        if row.lane in gate.active_lanes(host):
             return None  # a producer between enrollment and commit: never acknowledge
         current = queue.find(row.lane)
         if current is None or current.revision != claimed.revision:
@@ -135,7 +135,7 @@ def run_queued(
         done = queue.complete(claimed, due)
         return None if done is None else done.revision
 
-    revision = run_alarm_transaction(host.pk, "complete maintenance wave", complete)
+    revision = run_alarm_transaction(host, "complete maintenance wave", complete)
     if revision is not None:
         with observed.lock:
             observed.available[row.lane] = revision

@@ -98,9 +98,7 @@ class Runtime(Protocol):
         """Every nonterminal submission of the host, FIFO per thread (control state only)."""
         ...
 
-    def discover_work_threads(
-        self, host: Host, after: str | None, limit: int
-    ) -> DiscoveryPage:
+    def discover_work_threads(self, host: Host, after: str | None, limit: int) -> DiscoveryPage:
         """Up to ``limit`` threads owning recoverable work, ordered by id, after ``after``."""
         ...
 
