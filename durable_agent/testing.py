@@ -123,6 +123,7 @@ class ScriptedSubmission:
         self.behaviour = behaviour
         self.outcome: str | None = None
         self.attempts = 0
+        self.settlements = 0
 
     @property
     def settled(self) -> bool:
@@ -266,6 +267,7 @@ class ScriptedRuntime:
         if outcome is None:
             return None
         head.state, head.outcome = "settled", str(outcome)
+        head.settlements += 1
         with gate.transaction(host) as tx:  # settlement is source progress on the native lane
             tx.record_progress([NATIVE])
         return Settlement(thread, head.submission, str(outcome))

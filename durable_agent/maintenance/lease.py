@@ -79,7 +79,12 @@ def take(
             return Stale(host_id, "nothing is due")
     held = state.pass_lease_expires_at
     if state.pass_lease_owner and held is not None and held > now:
-        checkpoint.earlier(held)
+        # This delivery consumed a due slot: wake again when the running lease expires (the
+        # running pass re-arms the slot itself when it finishes).
+        if checkpoint.current is None or checkpoint.current <= now:
+            checkpoint.at(held)
+        else:
+            checkpoint.earlier(held)
         return Busy(host_id, state.pass_lease_owner, held)
     owner = uuid.uuid4().hex
     expires = now + conf.pass_lease_ttl()

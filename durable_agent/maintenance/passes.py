@@ -194,6 +194,7 @@ def run_pass(
     try:
         with lease.heartbeat(taken):
             try:
+                failpoints.hit("maintenance:begin:after")
                 result, phase, recovered, settled = _run_event(
                     host_obj, started_at, observed, begun
                 )
@@ -391,9 +392,7 @@ def _begin(
         )
         return Begun(taken, started, queue.read(), producing)
 
-    begun = run_alarm_transaction(host, "begin maintenance pass", fn)
-    failpoints.hit("maintenance:begin:after")
-    return begun
+    return run_alarm_transaction(host, "begin maintenance pass", fn)
 
 
 def _admit_waves(
