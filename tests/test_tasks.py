@@ -1,0 +1,61 @@
+"""fire_alarm through django-q's stock scheduler: the guard, the record, the lateness."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django_q.models import Schedule
+
+from durable_agent.maintenance import alarm
+from durable_agent.models import Host, MaintenanceState, PassRecord
+from durable_agent.tasks import fire_alarm
+from durable_agent.testing import FakeClock, ScriptedRuntime
+from tests.qdrive import drain_alarms, fire_due
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MS = timedelta(milliseconds=1)
+
+
+def test_fire_alarm__the_scheduler_fires_the_slot_and_the_pass_runs(
+    clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    host = Host.objects.create(key="fired")
+    items = [runtime.submit(host, "t1") for _ in range(3)] + [runtime.submit(host, "t2")]
+    slot = alarm.scheduled(host)
+    assert fire_due(clock) == []  # not due yet: django-q leaves it alone
+    clock.set(slot + 5 * MS)
+    (result,) = fire_due(clock)
+    assert result["phase"] == "actionable"
+    assert result["lateness_ms"] == 5
+    drain_alarms(clock)
+    assert all(item.settled for item in items)
+    state = MaintenanceState.objects.get(host=host)
+    assert state.dirty == state.processed
+    assert alarm.scheduled(host) is None
+    assert Schedule.objects.count() == 1  # one reusable slot row
+    record = PassRecord.objects.filter(host=host).order_by("started_at", "id").first()
+    assert (record.deadline, record.lateness_ms) == (slot, 5)
+
+
+def test_fire_alarm__a_duplicate_delivery_changes_nothing(
+    clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    host = Host.objects.create(key="dup")
+    item = runtime.submit(host, "t1")
+    slot = alarm.scheduled(host)
+    clock.set(slot)
+    first = fire_alarm(host.pk, deadline=slot.isoformat())
+    assert item.settled
+    records = PassRecord.objects.count()
+    state = MaintenanceState.objects.get(host=host)
+    again = fire_alarm(host.pk, deadline=slot.isoformat())
+    assert first["phase"] == "actionable"
+    assert again["phase"] == "stale"
+    assert PassRecord.objects.count() == records
+    after = MaintenanceState.objects.get(host=host)
+    assert (after.dirty, after.processed) == (state.dirty, state.processed)
+
+
+def test_fire_alarm__a_deleted_host_is_ignored(clock: FakeClock) -> None:
+    assert fire_alarm(424242, deadline=clock.now().isoformat()) == {"host": None, "phase": "stale"}
