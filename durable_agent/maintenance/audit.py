@@ -1,0 +1,176 @@
+"""The invariant audit: does every host with owed work hold an alarm early enough?
+
+The invariant: a dirty generation (``dirty > processed``) or any lane with a deadline needs an
+armed slot no later than ``max(earliest lane deadline, now) + minimum delay`` (while a pass
+holds a live lease, no later than the lease's expiry instead). Stable waits (acknowledged work
+with no lane deadline) need no alarm. The audit also reports overdue slots (the scheduler is
+not firing), parked lanes, expired mutation tickets, stale pass leases, and binding retries
+recorded under a binding registry the runtime no longer has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from durable_agent import clock, conf
+from durable_agent.maintenance.alarm import slot_deadline
+from durable_agent.models import BindingRetry, DueLane, Host, MaintenanceState, MutationTicket
+
+OVERDUE_AFTER = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class HostAudit:
+    """What the audit found on one host. ``violations`` break the invariant."""
+
+    host: str
+    dirty: int
+    processed: int
+    slot: datetime | None
+    earliest_due: datetime | None
+    violations: tuple[str, ...] = ()
+    overdue: bool = False
+    parked_lanes: tuple[str, ...] = ()
+    expired_tickets: int = 0
+    stale_lease: bool = False
+    stale_binding_retries: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("slot", "earliest_due"):
+            data[key] = data[key].isoformat() if data[key] else None
+        data["ok"] = self.ok
+        return data
+
+
+@dataclass(frozen=True)
+class AuditSummary:
+    hosts: int
+    violating: tuple[HostAudit, ...] = ()
+    overdue: tuple[str, ...] = ()
+    parked: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    expired_tickets: int = 0
+    stale_leases: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violating
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "hosts": self.hosts,
+            "violating": [h.as_dict() for h in self.violating],
+            "overdue": list(self.overdue),
+            "parked": {k: list(v) for k, v in self.parked.items()},
+            "expired_tickets": self.expired_tickets,
+            "stale_leases": list(self.stale_leases),
+        }
+
+
+def audit_host(
+    host: Host,
+    *,
+    now: datetime | None = None,
+    state: MaintenanceState | None = None,
+    lanes: list[DueLane] | None = None,
+    registry_key: str | None = None,
+) -> HostAudit:
+    """Audit one host (read-only)."""
+    now = now or clock.now()
+    if state is None:
+        state = MaintenanceState.objects.filter(host_id=host.pk).first()
+    if lanes is None:
+        lanes = list(DueLane.objects.filter(host_id=host.pk))
+    slot = slot_deadline(host.alarm)
+    dirty, processed = (state.dirty, state.processed) if state else (1, 0)
+    deadlines = [lane.due_at for lane in lanes if lane.due_at is not None]
+    earliest = min(deadlines) if deadlines else None
+    violations: list[str] = []
+    owes = state is not None and (dirty > processed or earliest is not None)
+    lease_live = (
+        state is not None
+        and state.pass_lease_expires_at is not None
+        and state.pass_lease_expires_at > now
+    )
+    if owes:
+        required = max(earliest or now, now) + conf.minimum_alarm_delay()
+        if lease_live and state is not None and state.pass_lease_expires_at is not None:
+            required = max(required, state.pass_lease_expires_at)
+        if slot is None:
+            violations.append("owed work without an armed alarm")
+        elif slot > required:
+            violations.append(
+                f"alarm at {slot.isoformat()} is later than the work due by {required.isoformat()}"
+            )
+    stale_bindings = 0
+    if registry_key is not None:
+        stale_bindings = (
+            BindingRetry.objects.filter(host_id=host.pk).exclude(registry_key=registry_key).count()
+        )
+        if stale_bindings:
+            violations.append(
+                f"{stale_bindings} binding retries wait for a registry that has since changed"
+            )
+    expired = MutationTicket.objects.filter(host_id=host.pk, expires_at__lte=now).count()
+    return HostAudit(
+        host=host.key,
+        dirty=dirty,
+        processed=processed,
+        slot=slot,
+        earliest_due=earliest,
+        violations=tuple(violations),
+        overdue=slot is not None and slot < now - OVERDUE_AFTER,
+        parked_lanes=tuple(sorted(lane.lane for lane in lanes if lane.state == "parked")),
+        expired_tickets=expired,
+        stale_lease=bool(
+            state
+            and state.pass_lease_owner
+            and state.pass_lease_expires_at is not None
+            and state.pass_lease_expires_at <= now
+        ),
+        stale_binding_retries=stale_bindings,
+    )
+
+
+def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -> AuditSummary:
+    """Audit every host (a few queries per 500 hosts)."""
+    now = now or clock.now()
+    hosts = list(Host.objects.select_related("alarm").order_by("pk"))
+    states = {s.host_id: s for s in MaintenanceState.objects.all()}
+    lanes: dict[int, list[DueLane]] = {}
+    for lane in DueLane.objects.all():
+        lanes.setdefault(lane.host_id, []).append(lane)
+    results = [
+        audit_host(
+            h, now=now, state=states.get(h.pk), lanes=lanes.get(h.pk, []), registry_key=registry_key
+        )
+        for h in hosts
+    ]
+    return AuditSummary(
+        hosts=len(results),
+        violating=tuple(r for r in results if not r.ok),
+        overdue=tuple(r.host for r in results if r.overdue),
+        parked={r.host: r.parked_lanes for r in results if r.parked_lanes},
+        expired_tickets=sum(r.expired_tickets for r in results),
+        stale_leases=tuple(r.host for r in results if r.stale_lease),
+    )
+
+
+def repair_host(
+    host: Host, *, actor: str = "maintenance_audit", reason: str = ""
+) -> datetime | None:
+    """Re-arm a violating host: ensure_alarm (registry, lanes), then a recomputed, audited
+    rearm; expired tickets are deleted."""
+    from durable_agent.maintenance.alarm import rearm
+    from durable_agent.maintenance.passes import ensure_alarm
+
+    MutationTicket.objects.filter(host_id=host.pk, expires_at__lte=clock.now()).delete()
+    ensure_alarm(host)
+    return rearm(host, actor=actor, reason=reason or "invariant audit repair")

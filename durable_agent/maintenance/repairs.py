@@ -1,0 +1,218 @@
+"""Operator repairs: each one is a service, runs in one alarm transaction and is audited.
+
+The admin, the API and the commands call these; nothing else writes an ``AlarmAudit`` row
+except ``alarm.rearm``. Every repair leaves the invariant true: work it releases advances the
+generation or its lane and re-arms the slot in the same commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from durable_agent import clock, conf
+from durable_agent.errors import InvalidInput
+from durable_agent.maintenance.alarm import Checkpoint, _actor_name
+from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance.lane_ids import NATIVE, validate_lane_id
+from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.models import (
+    AlarmAudit,
+    BindingRetry,
+    Host,
+    MaintenanceState,
+    RecoveryFault,
+)
+
+MAX_REASON_LENGTH = 2000
+
+
+class NotRepairable(InvalidInput):
+    """The object is not in a state this repair applies to; nothing was changed."""
+
+    code = "not_repairable"
+
+
+class RepairTargetNotFound(InvalidInput, LookupError):
+    """The lane, binding retry or fault to repair does not exist on this host."""
+
+    code = "repair_target_not_found"
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    """What a repair did: the audit row written and the slot afterwards."""
+
+    host: str
+    action: str
+    audit_id: int
+    alarm: datetime | None
+
+
+def validate_reason(reason: object, *, required: bool = False) -> str:
+    if not isinstance(reason, str):
+        raise InvalidInput("A reason must be a string")
+    reason = reason.strip()
+    if required and not reason:
+        raise InvalidInput("A reason is required for this repair")
+    if len(reason) > MAX_REASON_LENGTH:
+        raise InvalidInput(f"A reason has at most {MAX_REASON_LENGTH} characters")
+    return reason
+
+
+def _audit(
+    state: MaintenanceState,
+    checkpoint: Checkpoint,
+    *,
+    action: str,
+    actor: str,
+    reason: str,
+    now: datetime,
+    detail: dict[str, Any],
+) -> AlarmAudit:
+    old = checkpoint.current
+    return AlarmAudit.objects.create(
+        host_id=state.host_id,
+        actor=actor,
+        action=action,
+        reason=reason,
+        old_deadline=old,
+        new_deadline=checkpoint.target(),
+        generation=state.dirty,
+        detail=detail,
+        at=now,
+    )
+
+
+def _arm(queue: DueQueue, checkpoint: Checkpoint, now: datetime) -> None:
+    earliest = queue.next()
+    if earliest is not None:
+        checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
+
+
+def _run(host: Host | str | int, operation: str, fn: Any) -> RepairResult:
+    result: RepairResult = run_alarm_transaction(host, operation, fn)
+    return result
+
+
+def lane_unpark(
+    *, host: Host | str | int, lane: str, actor: Any = None, reason: str = ""
+) -> RepairResult:
+    """Give a parked lane a fresh budget, due now (the next pass may claim it)."""
+    lane = validate_lane_id(lane)
+    reason = validate_reason(reason)
+    actor_name = _actor_name(actor)
+    now = clock.now()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> RepairResult:
+        row = queue.find(lane)
+        if row is None:
+            raise RepairTargetNotFound(f"No lane {lane!r} on this host", lane=lane)
+        if not row.parked:
+            raise NotRepairable(f"Lane {lane!r} is {row.state}, not parked", lane=lane)
+        queue.dirty(lane, now, progress=True)
+        _arm(queue, checkpoint, now)
+        audit = _audit(
+            state,
+            checkpoint,
+            action="unpark",
+            actor=actor_name,
+            reason=reason,
+            now=now,
+            detail={"lane": lane, "stalls": row.stalls, "revision": row.revision},
+        )
+        return RepairResult(state.host.key, "unpark", audit.pk, checkpoint.target())
+
+    return _run(host, "unpark maintenance lane", fn)
+
+
+def binding_retry_now(
+    *, host: Host | str | int, retry_id: int, actor: Any = None, reason: str = ""
+) -> RepairResult:
+    """Release a binding-parked head for one more attempt (one native opportunity)."""
+    reason = validate_reason(reason)
+    actor_name = _actor_name(actor)
+    now = clock.now()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> RepairResult:
+        retry = BindingRetry.objects.filter(host_id=state.host_id, pk=retry_id).first()
+        if retry is None:
+            raise RepairTargetNotFound(f"No binding retry {retry_id} on this host")
+        detail = {
+            "thread": retry.thread,
+            "submission": retry.submission,
+            "attempts": retry.attempts,
+            "registry_key": retry.registry_key,
+        }
+        retry.delete()
+        state.dirty += 1
+        queue.dirty(NATIVE, now, progress=True)
+        _arm(queue, checkpoint, now)
+        audit = _audit(
+            state,
+            checkpoint,
+            action="retry-binding",
+            actor=actor_name,
+            reason=reason,
+            now=now,
+            detail=detail,
+        )
+        return RepairResult(state.host.key, "retry-binding", audit.pk, checkpoint.target())
+
+    return _run(host, "retry binding wait", fn)
+
+
+def fault_retry_now(
+    *, host: Host | str | int, thread: str, actor: Any = None, reason: str = ""
+) -> RepairResult:
+    """Retry a thread's failed recovery now instead of at its scheduled retry time."""
+    if not isinstance(thread, str) or not thread:
+        raise InvalidInput("A thread must be a non-empty string")
+    reason = validate_reason(reason)
+    actor_name = _actor_name(actor)
+    now = clock.now()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> RepairResult:
+        fault = RecoveryFault.objects.filter(host_id=state.host_id, thread=thread).first()
+        if fault is None:
+            raise RepairTargetNotFound(f"No recovery fault for thread {thread!r} on this host")
+        detail = {
+            "thread": thread,
+            "attempts": fault.attempts,
+            "retry_at": fault.retry_at.isoformat(),
+        }
+        fault.retry_at = now
+        fault.save(update_fields=["retry_at"])
+        state.dirty += 1
+        queue.dirty(NATIVE, now, progress=True)
+        _arm(queue, checkpoint, now)
+        audit = _audit(
+            state,
+            checkpoint,
+            action="retry-fault",
+            actor=actor_name,
+            reason=reason,
+            now=now,
+            detail=detail,
+        )
+        return RepairResult(state.host.key, "retry-fault", audit.pk, checkpoint.target())
+
+    return _run(host, "retry recovery fault", fn)
+
+
+def pass_now(*, host: Host | str | int, actor: Any = None, reason: str = "") -> Any:
+    """Audit, then run a maintenance pass of ``host`` at once; returns its PassReport."""
+    from durable_agent.maintenance.passes import run_pass
+
+    reason = validate_reason(reason)
+    actor_name = _actor_name(actor)
+    now = clock.now()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+        _audit(
+            state, checkpoint, action="pass", actor=actor_name, reason=reason, now=now, detail={}
+        )
+
+    run_alarm_transaction(host, "audit maintenance pass", fn)
+    return run_pass(host)

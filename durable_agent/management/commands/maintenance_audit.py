@@ -1,0 +1,76 @@
+"""``manage.py maintenance_audit``: check the alarm invariant on every host."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from durable_agent.maintenance.audit import audit_all, repair_host
+from durable_agent.models import Host
+
+
+class Command(BaseCommand):
+    help = (
+        "Check that every host with owed work holds an alarm early enough. Also reports overdue "
+        "slots, parked lanes, expired mutation tickets and stale pass leases. Exit status 1 on "
+        "a violation; --repair re-arms violating hosts (audited) and says what changed."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print the audit as JSON")
+        parser.add_argument("--repair", action="store_true", help="re-arm violating hosts")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from durable_agent.runtime import get_runtime
+
+        registry_key = get_runtime().binding_registry_key()
+        summary = audit_all(registry_key=registry_key)
+        repaired: list[dict[str, Any]] = []
+        if options["repair"]:
+            for audit in summary.violating:
+                host = Host.objects.select_related("alarm").get(key=audit.host)
+                slot = repair_host(host, reason="maintenance_audit --repair")
+                repaired.append(
+                    {
+                        "host": audit.host,
+                        "before": audit.slot.isoformat() if audit.slot else None,
+                        "after": slot.isoformat() if slot else None,
+                    }
+                )
+            after = audit_all(registry_key=registry_key)
+        else:
+            after = summary
+        if options["json"]:
+            data = summary.as_dict()
+            if options["repair"]:
+                data["repaired"] = repaired
+                data["ok_after_repair"] = after.ok
+            self.stdout.write(json.dumps(data, indent=2))
+        else:
+            self._print(summary, repaired)
+        if not after.ok:
+            raise CommandError(
+                f"{len(after.violating)} of {after.hosts} hosts violate the alarm invariant",
+                returncode=1,
+            )
+
+    def _print(self, summary: Any, repaired: list[dict[str, Any]]) -> None:
+        self.stdout.write(f"hosts: {summary.hosts}, violating: {len(summary.violating)}")
+        for audit in summary.violating:
+            for violation in audit.violations:
+                self.stdout.write(f"VIOLATION {audit.host}: {violation}")
+        for host in summary.overdue:
+            self.stdout.write(f"overdue {host}: its alarm is more than 60 s late")
+        for host, lanes in summary.parked.items():
+            self.stdout.write(f"parked {host}: {', '.join(lanes)}")
+        if summary.expired_tickets:
+            self.stdout.write(f"expired mutation tickets: {summary.expired_tickets}")
+        for host in summary.stale_leases:
+            self.stdout.write(f"stale pass lease {host}")
+        for change in repaired:
+            self.stdout.write(
+                f"repaired {change['host']}: alarm {change['before'] or 'disarmed'} -> "
+                f"{change['after'] or 'disarmed'}"
+            )
