@@ -92,7 +92,9 @@ Q_CLUSTER = {
     "queue_limit": 4,
     "timeout": 60 * 15,
     "retry": 60 * 16,
-    "poll": 0.1,
+    "poll": 0.05,
+    # The fast path: fire due alarm slots within ~0.1 s instead of django-q's ~30 s scan.
+    "broker_class": os.environ.get("Q_BROKER_CLASS", "durable_agent.broker.AlarmBroker"),
     "catch_up": False,
     "ack_failures": True,
     "max_attempts": 0,

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from durable_agent.errors import InvalidDeadline, InvalidInput, RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
-from durable_agent.models import DueLane, LaneState
+from durable_agent.models import DueLane, Host, LaneState
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_PROGRESS_KEY_LENGTH = 512
@@ -114,10 +114,21 @@ class DueQueue:
         self._requested: dict[str, datetime] = {}
 
     @classmethod
-    def load(cls, host_id: int) -> DueQueue:
-        """Read (and on PostgreSQL lock) the host's rows, in lane order."""
-        rows = DueLane.objects.select_for_update().filter(host_id=host_id).order_by("lane")
-        return cls(host_id, (Lane.from_model(row) for row in rows))
+    def load(cls, host_id: int) -> tuple[DueQueue, Host | None]:
+        """Read (and on PostgreSQL lock) the host's rows, in lane order, with the host and its
+        alarm slot joined in (one statement; see Note [Read the slot after the lock])."""
+        rows = list(
+            DueLane.objects.select_for_update(of=("self",))
+            .select_related("host", "host__alarm")
+            .filter(host_id=host_id)
+            .order_by("lane")
+        )
+        host = (
+            rows[0].host
+            if rows
+            else Host.objects.select_related("alarm").filter(pk=host_id).first()
+        )
+        return cls(host_id, (Lane.from_model(row) for row in rows)), host
 
     # -- reading ---------------------------------------------------------------------------
 

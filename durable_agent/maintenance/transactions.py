@@ -102,10 +102,11 @@ def lock_state(host_id: int) -> MaintenanceState:
     """Lock the host's state row, creating it (``dirty=1, processed=0``) on first use.
 
     Note [Read the slot after the lock]
-        The host row and its schedule are read by a separate statement *after* the state row
-        is locked. Joined into the locking statement, PostgreSQL would return the joined rows
-        as of the statement's snapshot, taken before the lock wait: a writer that had just
-        created or moved the slot would be invisible, and the slot could be created twice.
+        The host row and its schedule are read by a later statement, *after* the state row is
+        locked (joined to the lanes, see ``DueQueue.load``). Joined into the locking statement,
+        PostgreSQL would return them as of that statement's snapshot, taken before the lock
+        wait: a writer that had just created or moved the slot would be invisible, and the
+        slot could be created twice.
     """
     query = MaintenanceState.objects.select_for_update()
     state = query.filter(host_id=host_id).first()
@@ -116,10 +117,6 @@ def lock_state(host_id: int) -> MaintenanceState:
             [MaintenanceState(host_id=host_id)], ignore_conflicts=True
         )
         state = query.get(host_id=host_id)
-    host = Host.objects.select_related("alarm").filter(pk=host_id).first()
-    if host is None:
-        raise HostNotFound(f"No host with id {host_id}", host=host_id)
-    state.host = host
     return state
 
 
@@ -155,7 +152,10 @@ def run_alarm_transaction(host: Host | str | int, operation: str, fn: AlarmFn[T]
             state = lock_state(host_id)
             if state.dirty < 0 or state.processed < 0:
                 raise AlarmError(operation, "Maintenance generations must not be negative")
-            queue = DueQueue.load(host_id)
+            queue, host_row = DueQueue.load(host_id)
+            if host_row is None:
+                raise HostNotFound(f"No host with id {host_id}", host=host_id)
+            state.host = host_row
             queue.register(NATIVE)  # the gate's construction: the native lane always exists
             checkpoint = Checkpoint(current=slot_deadline(state.host.alarm))
             before = _state_values(state)

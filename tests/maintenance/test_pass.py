@@ -87,7 +87,7 @@ def test_pass__caught_up_path_makes_a_constant_number_of_queries(
         report = run_pass(host)
     assert report.phase == "caught-up"
     assert runtime.calls == []
-    assert len(queries) == 17, "\n".join(q["sql"] for q in queries.captured_queries)
+    assert len(queries) == 15, "\n".join(q["sql"] for q in queries.captured_queries)
 
 
 def test_pass__fifo_one_attempt_per_pass_on_a_single_thread_host(

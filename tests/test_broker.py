@@ -1,0 +1,112 @@
+"""The fast path: a broker probe that runs django-q's scheduler as soon as a slot is due."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+from django_q.models import OrmQ, Schedule
+
+from durable_agent.broker import AlarmBroker, due_schedules_exist
+from durable_agent.maintenance import alarm, gate
+from durable_agent.maintenance.lane_ids import LIFECYCLE
+from durable_agent.models import Host, PassRecord
+from durable_agent.testing import FakeClock, fake_clock
+from tests.maintenance.helpers import caught_up
+from tests.procs import ROOT, database_url
+from tests.qdrive import run_enqueued
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_probe__runs_the_scheduler_only_when_a_slot_is_due(db: None) -> None:
+    start = timezone.now() - timedelta(seconds=30)  # the fake time lags: its slots are due
+    with fake_clock(start) as clock:
+        host = Host.objects.create(key="probe")
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, clock.now() + timedelta(hours=1))
+        broker = AlarmBroker()
+        assert not due_schedules_exist(timezone.now())
+        assert broker.fire_due_alarms() is False
+        assert OrmQ.objects.count() == 0
+        gate.schedule(host, LIFECYCLE, clock.now() + timedelta(seconds=1))
+        assert broker.fire_due_alarms() is False  # rate-limited: probed moments ago
+        broker._next_probe = 0.0
+        assert broker.fire_due_alarms() is True
+        assert OrmQ.objects.count() == 1
+        assert Schedule.objects.get().repeats == 0  # django-q disarmed the fired ONCE slot
+        clock.set(clock.now() + timedelta(seconds=1))
+        (result,) = run_enqueued()
+        assert result["phase"] in ("caught-up", "actionable")
+        assert alarm.scheduled(host) is None
+
+
+@pytest.mark.postgres
+def test_index__probe_and_scheduler_scan_use_the_partial_index(clock: FakeClock) -> None:
+    far = timezone.now() + timedelta(days=1)
+    Schedule.objects.bulk_create(
+        [Schedule(func="x.y", schedule_type="O", repeats=1, next_run=far) for _ in range(3000)]
+        + [Schedule(func="x.y", schedule_type="O", repeats=0, next_run=far) for _ in range(3000)]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_q_schedule")
+    now = timezone.now()
+    probe = Schedule.objects.filter(next_run__lt=now).exclude(repeats=0)
+    scan = (
+        Schedule.objects.select_for_update()
+        .exclude(repeats=0)
+        .filter(next_run__lt=now)
+        .filter(cluster__isnull=True)
+    )
+    for query in (probe, scan):
+        with transaction.atomic(), connection.cursor() as cursor:
+            sql, params = query.query.sql_with_params()
+            cursor.execute("EXPLAIN " + sql, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "da_schedule_armed_next_run" in plan, plan
+        assert "Seq Scan" not in plan, plan
+
+
+@pytest.mark.postgres
+def test_live_cluster__a_slot_armed_one_second_ahead_fires_its_pass() -> None:
+    host = Host.objects.create(key="live")
+    caught_up(host)
+    deadline = timezone.now() + timedelta(seconds=1)
+    gate.schedule(host, LIFECYCLE, deadline)
+    assert alarm.scheduled(host) == deadline
+    env = {**os.environ, "DATABASE_URL": database_url(), "Q_WORKERS": "2"}
+    cluster = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        record = None
+        give_up = time.monotonic() + 20
+        while record is None and time.monotonic() < give_up and cluster.poll() is None:
+            record = PassRecord.objects.filter(host=host).first()
+            if record is None:
+                time.sleep(0.05)  # polling an observable condition
+        assert record is not None, "the pass did not run"
+        assert record.deadline == deadline
+        assert record.lateness_ms is not None
+        assert record.lateness_ms < 5_000  # well inside the stock scheduler's 30 s scan
+        assert alarm.scheduled(host) is None
+    finally:
+        cluster.send_signal(signal.SIGTERM)
+        try:
+            output, _ = cluster.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            cluster.kill()
+            output, _ = cluster.communicate()
+    assert cluster.returncode == 0, output
