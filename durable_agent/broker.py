@@ -12,7 +12,8 @@ Enable it in settings::
     Q_CLUSTER = {..., "orm": "default", "poll": 0.05,
                  "broker_class": "durable_agent.broker.AlarmBroker"}
 
-Cost: one indexed ``EXISTS`` query per probe interval per cluster (10 queries/s at 0.1 s).
+Cost: one indexed ``EXISTS`` query per probe interval per cluster (10 queries/s at 0.1 s),
+plus the backstop sweep (``durable_agent.tasks.sweep``, three indexed queries) once a minute.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from django_q.scheduler import scheduler
 logger = logging.getLogger("durable_agent.broker")
 
 PROBE_INTERVAL = 0.1
+SWEEP_INTERVAL = 60.0
 
 
 def due_schedules_exist(now: Any = None) -> bool:
@@ -39,7 +41,8 @@ def due_schedules_exist(now: Any = None) -> bool:
     mine = Q(cluster=Conf.CLUSTER_NAME)
     if Conf.CLUSTER_NAME == Conf.PREFIX:
         mine |= Q(cluster__isnull=True)
-    return Schedule.objects.filter(mine, next_run__lt=now).exclude(repeats=0).exists()
+    due: bool = Schedule.objects.filter(mine, next_run__lt=now).exclude(repeats=0).exists()
+    return due
 
 
 class AlarmBroker(ORM):  # type: ignore[misc]
@@ -50,10 +53,27 @@ class AlarmBroker(ORM):  # type: ignore[misc]
     def __init__(self, list_key: str | None = None) -> None:
         super().__init__(list_key=list_key)
         self._next_probe = 0.0
+        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
 
     def dequeue(self) -> Any:
         self.fire_due_alarms()
+        self.sweep_if_due()
         return super().dequeue()
+
+    def sweep_if_due(self) -> bool:
+        """Run the backstop sweep (``durable_agent.tasks.sweep``) once a minute."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return False
+        self._next_sweep = now + SWEEP_INTERVAL
+        from durable_agent.tasks import sweep
+
+        try:
+            sweep()
+        except Exception:
+            logger.exception("The alarm sweep failed")
+            return False
+        return True
 
     def fire_due_alarms(self) -> bool:
         """Probe (rate-limited) and run the scheduler when a slot is due; True if it ran."""

@@ -20,7 +20,57 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
     from durable_agent.maintenance.passes import run_pass
 
     when = datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline
+    if when is None:  # a delivery without its deadline is guarded as if fired now
+        from durable_agent import clock
+
+        when = clock.now()
     if not Host.objects.filter(pk=host_id).exists():
         logger.warning("Alarm fired for host %s, which no longer exists", host_id)
         return {"host": None, "phase": "stale"}
     return run_pass(host_id, deadline=when, guard=True).as_dict()
+
+
+def sweep() -> dict[str, int]:
+    """The backstop sweep: re-arm every host whose alarm was lost, apply registry changes.
+
+    Finds hosts that owe work (a dirty generation or a lane deadline) with a missing or
+    disarmed slot (a crash between django-q's fire and the pass's first commit, a database
+    outage, a hand edit), and hosts with binding retries recorded under another registry key
+    (a deploy), and runs ``ensure_alarm`` on each; deletes long-expired mutation tickets.
+    ``AlarmBroker`` runs it every minute; without that broker, schedule this task yourself.
+    """
+    from datetime import timedelta
+
+    from django.db.models import F, Q
+
+    from durable_agent import clock
+    from durable_agent.maintenance.passes import ensure_alarm
+    from durable_agent.models import BindingRetry, DueLane, MaintenanceState, MutationTicket
+    from durable_agent.runtime import get_runtime
+
+    disarmed = Q(host__alarm__isnull=True) | Q(host__alarm__repeats=0)
+    host_ids = set(
+        MaintenanceState.objects.filter(disarmed, dirty__gt=F("processed")).values_list(
+            "host_id", flat=True
+        )
+    )
+    host_ids |= set(
+        DueLane.objects.filter(disarmed, due_at__isnull=False).values_list("host_id", flat=True)
+    )
+    key = get_runtime().binding_registry_key()
+    host_ids |= set(
+        BindingRetry.objects.exclude(registry_key=key).values_list("host_id", flat=True)
+    )
+    rearmed = 0
+    for host_id in sorted(host_ids):
+        try:
+            ensure_alarm(host_id)
+            rearmed += 1
+        except Exception:
+            logger.exception("Sweep could not re-arm host %s", host_id)
+    expired, _ = MutationTicket.objects.filter(
+        expires_at__lte=clock.now() - timedelta(hours=1)
+    ).delete()
+    if rearmed:
+        logger.warning("Sweep re-armed %d hosts whose alarm was missing", rearmed)
+    return {"rearmed": rearmed, "expired_tickets": expired}

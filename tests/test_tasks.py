@@ -59,3 +59,37 @@ def test_fire_alarm__a_duplicate_delivery_changes_nothing(
 
 def test_fire_alarm__a_deleted_host_is_ignored(clock: FakeClock) -> None:
     assert fire_alarm(424242, deadline=clock.now().isoformat()) == {"host": None, "phase": "stale"}
+
+
+def test_sweep__re_arms_a_dirty_host_whose_slot_was_lost(
+    clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    from durable_agent.tasks import sweep
+
+    host = Host.objects.create(key="lost")
+    item = runtime.submit(host, "t1")
+    clean = Host.objects.create(key="clean")
+    Schedule.objects.update(repeats=0)  # fired by django-q; the task then died before begin
+    assert alarm.scheduled(host) is None
+    assert sweep() == {"rearmed": 1, "expired_tickets": 0}
+    assert alarm.scheduled(host) is not None
+    assert alarm.scheduled(clean) is None
+    drain_alarms(clock)
+    assert item.settled
+    assert sweep() == {"rearmed": 0, "expired_tickets": 0}
+
+
+def test_sweep__applies_a_binding_registry_change(
+    clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    from durable_agent.tasks import sweep
+
+    host = Host.objects.create(key="parked")
+    item = runtime.submit(host, "t1", behaviour="binding")
+    drain_alarms(clock)
+    assert alarm.scheduled(host) is None
+    item.behaviour = "settle"
+    runtime.registry_key = "registry-2"  # a deploy registered the missing agent
+    assert sweep()["rearmed"] == 1
+    drain_alarms(clock)
+    assert item.settled

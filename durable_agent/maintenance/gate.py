@@ -219,7 +219,8 @@ def _flush(frame: _Frame) -> None:
             for op in ops:
                 _replay(op, state, queue, checkpoint)
 
-        run_alarm_transaction(host_id, "commit maintenance source intent", replay)
+        # No savepoint: any failure here fails the whole source transaction anyway.
+        run_alarm_transaction(host_id, "commit maintenance source intent", replay, join=True)
 
 
 @contextmanager

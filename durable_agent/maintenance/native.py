@@ -109,9 +109,12 @@ class NativeStep:
         futures: list[Future[int]] = []
         if clock.now() < self.yield_after:
             futures = [self._submit_attempt(view.heads[t], view.waits) for t in selected]
-        for thread in backlog:
-            self._recover_backlog_thread(thread)
         failure: BaseException | None = None
+        try:
+            for thread in backlog:
+                self._recover_backlog_thread(thread)
+        except BaseException as exc:  # still join the attempts before failing the pass
+            failure = exc
         for future in futures:
             try:
                 value = future.result()

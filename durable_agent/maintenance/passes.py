@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +34,7 @@ from durable_agent.maintenance.waves import (
     Executor,
     Observation,
     admissible,
+    arm_within_lease,
     join,
     run_wave,
     validate_lanes,
@@ -49,9 +50,12 @@ from durable_agent.models import (
 from durable_agent.runtime import Runtime, get_runtime
 
 logger = logging.getLogger("durable_agent.maintenance")
-DEADLINE_MESSAGE = (
-    "The maintenance event exceeded its 14 minute deadline; durable recovery remains pending"
-)
+
+
+def _deadline_message() -> str:
+    minutes = conf.event_timeout().total_seconds() / 60
+    shown = f"{minutes:g} minute" if minutes >= 1 else f"{conf.event_timeout().total_seconds():g} s"
+    return f"The maintenance event exceeded its {shown} deadline; durable recovery remains pending"
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,7 @@ def _record(
             lateness_ms=report.lateness_ms,
         )
         keep = conf.pass_history()
-        if record.pk % 20 == 0 or keep < 20:
+        if record.pk % 20 == host.pk % 20 or keep < 20:  # about every 20th pass of each host
             cutoff = (
                 PassRecord.objects.filter(host=host)
                 .order_by("-started_at", "-id")
@@ -284,7 +288,7 @@ def _record(
 
 def _check_deadline(event_deadline: datetime) -> None:
     if clock.now() >= event_deadline:
-        raise AlarmError("maintenance pass deadline", DEADLINE_MESSAGE)
+        raise AlarmError("maintenance pass deadline", _deadline_message())
 
 
 def _run_event(
@@ -310,6 +314,8 @@ def _run_event(
         native = NativeStep(host, runtime, started, yield_after, executor)
         observed.native_only = started.actionable and not waves
         try:
+            if not _publication_barrier(host, rows, observed, yield_after, dispatch_until):
+                native.started = replace(started, actionable=False)
             result = native.run()
         except BaseException as exc:
             failures.append(exc)
@@ -333,6 +339,27 @@ class Begun:
     started: Started | None = None
     rows: list[Lane] = field(default_factory=list)
     producing: frozenset[str] = frozenset()
+
+
+def _publication_barrier(
+    host: Host,
+    rows: list[Lane],
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+) -> bool:
+    """Run a due publication wave before the native step (6.4 step 1).
+
+    Returns False while publication is still pending or parked: the native step then waits.
+    """
+    row = next((r for r in rows if r.lane == PUBLICATION), None)
+    if row is None:
+        return True
+    spec = lane_registry.handler(PUBLICATION)
+    if spec is not None and row.due_at is not None and row.due_at <= clock.now():
+        run_wave(host, spec, row, observed, until, dispatch_end, threading.Event())
+        row = next((Lane.from_model(r) for r in host.lanes.filter(lane=PUBLICATION)), row)
+    return row.due_at is None and not row.parked
 
 
 def _begin(
@@ -382,11 +409,7 @@ def _begin(
             return Begun(taken, caught_up, queue.read(), producing)
         observed.queue[NATIVE] = charged
         observed.charged[NATIVE] = charged.revision
-        earliest = queue.next()
-        if earliest is None:
-            checkpoint.cancel()
-        else:
-            checkpoint.at(max(now + conf.minimum_alarm_delay(), earliest))
+        arm_within_lease(state, queue, checkpoint, now)
         started = Started(
             True, state.dirty, state.nonterminal, active, charged.revision, charged.stalls
         )

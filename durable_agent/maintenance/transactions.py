@@ -135,12 +135,15 @@ def _entered(context: AlarmContext) -> Iterator[AlarmContext]:
         stack.pop()
 
 
-def run_alarm_transaction(host: Host | str | int, operation: str, fn: AlarmFn[T]) -> T:
+def run_alarm_transaction(
+    host: Host | str | int, operation: str, fn: AlarmFn[T], *, join: bool = False
+) -> T:
     """Run ``fn(state, queue, checkpoint)`` in one transaction with the host's locks held.
 
     Changed state fields and lanes are written (lanes with a revision compare-and-set) and the
     last checkpoint intent is applied to the slot, all before the transaction commits. Inside an
-    ambient ``transaction.atomic`` this joins it through a savepoint. Errors other than
+    ambient ``transaction.atomic`` this joins it through a savepoint (with ``join=True``, for a
+    caller that fails its whole transaction on any error anyway, without one). Errors other than
     :class:`DurableAgentError` become :class:`AlarmError` ``(operation, message)``; nothing is
     committed either way.
     """
@@ -148,7 +151,7 @@ def run_alarm_transaction(host: Host | str | int, operation: str, fn: AlarmFn[T]
     outermost = user_atomic_depth() == 0
     committing = False
     try:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=not (join and not outermost)):
             state = lock_state(host_id)
             if state.dirty < 0 or state.processed < 0:
                 raise AlarmError(operation, "Maintenance generations must not be negative")

@@ -100,7 +100,7 @@ def run_queued(
 
     def charge(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Lane | None:
         claimed = queue.claim(row, now)
-        _arm_next(queue, checkpoint, now)
+        arm_within_lease(state, queue, checkpoint, now)
         return claimed
 
     claimed = run_alarm_transaction(host, "charge maintenance attempt", charge)
@@ -144,12 +144,20 @@ def run_queued(
     return True, outcome
 
 
-def _arm_next(queue: DueQueue, checkpoint: Checkpoint, now: datetime) -> None:
+def arm_within_lease(
+    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, now: datetime
+) -> None:
+    """Arm the slot at the earliest lane deadline, but while a pass lease is live no later than
+    its expiry: a pass that dies mid-way is retried within the lease TTL (DESIGN P12)."""
     earliest = queue.next()
-    if earliest is None:
+    target = None if earliest is None else max(now + conf.minimum_alarm_delay(), earliest)
+    lease_end = state.pass_lease_expires_at
+    if state.pass_lease_owner and lease_end is not None and lease_end > now:
+        target = lease_end if target is None else min(target, lease_end)
+    if target is None:
         checkpoint.cancel()
     else:
-        checkpoint.at(max(now + conf.minimum_alarm_delay(), earliest))
+        checkpoint.at(target)
 
 
 def run_wave(

@@ -680,3 +680,55 @@ def test_report_parked__logs_once(
     assert report_parked(host.pk) == 1
     assert report_parked(host.pk) == 0
     assert DueLane.objects.get(host=host, lane="stuck").reported
+
+
+def test_publication__a_due_publication_runs_before_the_native_step(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    order: list[str] = []
+    lanes.install_framework("agent:publication", lambda ctx: order.append("publication"))
+    item = runtime.submit(host, "t1", behaviour=lambda s: order.append("attempt") or "completed")
+    result = drain(host, clock)
+    assert result.errors == []
+    assert order[:2] == ["publication", "attempt"]
+    assert item.settled
+    assert alarm.scheduled(host) is None  # no hot loop: the lane went idle
+    assert DueLane.objects.get(host=host, lane="agent:publication").state == "idle"
+
+
+def test_publication__a_failing_publication_holds_the_native_step(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    def broken(ctx):
+        raise RuntimeError("publisher down")
+
+    lanes.install_framework("agent:publication", broken)
+    item = runtime.submit(host, "t1")
+    with pytest.raises(RuntimeError, match="publisher down"):
+        run_pass(host)
+    assert not item.settled
+    assert alarm.scheduled(host) is not None
+    lanes.install_framework("agent:publication", None)
+    drain(host, clock)
+    assert item.settled
+
+
+def test_lease__mid_pass_the_slot_is_no_later_than_the_lease(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    runtime.submit(host, "t1", behaviour="hang")
+    for _ in range(6):  # push the native claim floor (32 s, then 60 s) past the lease TTL
+        clock.advance(seconds=61)
+        run_pass(host)
+    seen = []
+
+    def look(name: str) -> None:  # what a worker killed here would leave behind
+        if name == "maintenance:select:before":
+            seen.append((alarm.scheduled(host), state_of(host).pass_lease_expires_at))
+
+    clock.advance(minutes=2)
+    with failpoints.installed(look):
+        run_pass(host)
+    ((slot, lease_end),) = seen
+    assert native(host).not_before > lease_end  # the claim floor alone would be too late
+    assert slot == lease_end == clock.now() + 30 * S

@@ -1,0 +1,16 @@
+from django.apps import AppConfig
+
+
+class BenchConfig(AppConfig):
+    name = "bench.benchapp"
+    label = "benchapp"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from durable_agent import lanes
+
+        lanes.register("bench", lambda ctx: None)
+
+
+def noop(*args: object) -> None:
+    """A task that does nothing (the async_task comparison enqueues it)."""

@@ -1,0 +1,155 @@
+"""Shared helpers for the benchmark scripts (PostgreSQL only).
+
+Every script: ``python -m bench.<name>``. The database named by ``BENCH_DATABASE_URL``
+(default ``postgres://postgres@127.0.0.1:5432/durable_agent_bench``) is created if missing,
+migrated, and wiped of durable_agent and django-q rows before each scenario.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+os.environ.setdefault("DJANGO_DEBUG", "0")
+
+
+def setup() -> None:
+    """Create the database if needed, set Django up and migrate."""
+    import dj_database_url
+    import psycopg
+
+    url = os.environ.get(
+        "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
+    )
+    config = dj_database_url.parse(url)
+    admin = psycopg.connect(
+        host=config["HOST"] or "127.0.0.1",
+        port=config["PORT"] or 5432,
+        user=config["USER"] or "postgres",
+        dbname="postgres",
+        autocommit=True,
+    )
+    with admin:
+        exists = admin.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (config["NAME"],)
+        ).fetchone()
+        if not exists:
+            admin.execute(f'CREATE DATABASE "{config["NAME"]}"')
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def reset() -> None:
+    """Delete every row the benchmarks create."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "TRUNCATE durable_agent_host, django_q_schedule, django_q_ormq, django_q_task "
+            "RESTART IDENTITY CASCADE"
+        )
+        cursor.execute("ANALYZE")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else float("nan"),
+        "mean": statistics.fmean(values) if values else float("nan"),
+    }
+
+
+def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Render a Markdown table (also readable as plain text) and print it."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
+        return str(value)
+
+    lines = [f"### {title}", "", "| " + " | ".join(headers) + " |"]
+    lines.append("| " + " | ".join("---" for _ in headers) + " |")
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    return text
+
+
+def machine() -> str:
+    import django
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        pg = cursor.fetchone()[0]
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"Django {django.get_version()}, PostgreSQL {pg}"
+    )
+
+
+@contextmanager
+def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen[str]]:
+    """A live ``manage.py qcluster`` subprocess on the bench database; stopped with SIGTERM."""
+    from django.db import connections
+
+    connections.close_all()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.settings",
+        "Q_WORKERS": str(workers),
+        "Q_BROKER_CLASS": "durable_agent.broker.AlarmBroker" if fast else "",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_for(predicate: Any, *, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate()`` until it is true or ``timeout`` seconds passed."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

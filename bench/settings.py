@@ -1,0 +1,28 @@
+"""Settings for the benchmarks: the example project on PostgreSQL, plus a small bench app."""
+
+import os
+
+import dj_database_url
+
+from project.settings import *  # noqa: F403
+from project.settings import INSTALLED_APPS, Q_CLUSTER
+
+INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
+DATABASES = {
+    "default": dict(
+        dj_database_url.parse(
+            os.environ.get(
+                "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
+            ),
+            conn_max_age=0,
+        )
+    )
+}
+Q_CLUSTER = {**Q_CLUSTER, "workers": int(os.environ.get("Q_WORKERS", "2"))}
+DEBUG = False
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"durable_agent": {"handlers": ["console"], "level": "WARNING"}},
+}
