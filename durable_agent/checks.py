@@ -86,6 +86,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durable_agent.E007",
             )
         )
+    lease = raw.get("AGENT_LEASE_TTL_MS", conf.get("AGENT_LEASE_TTL_MS"))
+    renewal = raw.get("AGENT_LEASE_RENEWAL_MS", conf.get("AGENT_LEASE_RENEWAL_MS"))
+    if isinstance(lease, int) and isinstance(renewal, int) and renewal * 2 > lease:
+        errors.append(
+            Error(
+                "DURABLE_AGENT AGENT_LEASE_RENEWAL_MS must be at most half of AGENT_LEASE_TTL_MS.",
+                hint="A lease renewed less often than that can expire under a live attempt.",
+                id="durable_agent.E008",
+            )
+        )
+    timings = [
+        raw.get(n, conf.get(n)) for n in ("YIELD_AFTER_MS", "DISPATCH_UNTIL_MS", "EVENT_TIMEOUT_MS")
+    ]
+    if all(isinstance(t, int) for t in timings) and not timings[0] <= timings[1] <= timings[2]:
+        errors.append(
+            Error(
+                "DURABLE_AGENT needs YIELD_AFTER_MS <= DISPATCH_UNTIL_MS <= EVENT_TIMEOUT_MS.",
+                id="durable_agent.E009",
+            )
+        )
     errors.extend(_check_q_cluster())
     return errors
 
@@ -112,7 +132,11 @@ def _check_q_cluster() -> list[CheckMessage]:
             )
         )
     timeout, retry = cluster.get("timeout"), cluster.get("retry")
-    if timeout is None or retry is None or timeout >= retry:
+    if (
+        not isinstance(timeout, int | float)
+        or not isinstance(retry, int | float)
+        or timeout >= retry
+    ):
         messages.append(
             Warning(
                 "Q_CLUSTER needs a 'timeout' below 'retry', or the broker redelivers "

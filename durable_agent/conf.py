@@ -84,6 +84,22 @@ SETTINGS: tuple[Setting, ...] = (
         "Dotted path to the runtime (a class or an instance) the pass drives.",
     ),
     Setting(
+        "AGENT_LEASE_TTL_MS",
+        30_000,
+        int,
+        1_000,
+        3_600_000,
+        "How long an attempt owns its submission without renewing (a dead attempt's limit).",
+    ),
+    Setting(
+        "AGENT_LEASE_RENEWAL_MS",
+        10_000,
+        int,
+        100,
+        3_600_000,
+        "How often a running attempt renews its lease (keep it well below the TTL).",
+    ),
+    Setting(
         "PASS_WORKERS",
         2,
         int,
@@ -183,6 +199,14 @@ def alarm_cluster() -> str | None:
 
 def runtime_path() -> str:
     return str(get("RUNTIME"))
+
+
+def agent_lease_ttl() -> timedelta:
+    return timedelta(milliseconds=int(get("AGENT_LEASE_TTL_MS")))
+
+
+def agent_lease_renewal() -> timedelta:
+    return timedelta(milliseconds=int(get("AGENT_LEASE_RENEWAL_MS")))
 
 
 def pass_workers() -> int:

@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_q",
     "durable_agent",
+    "project.demo",
 ]
 
 MIDDLEWARE = [

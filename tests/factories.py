@@ -110,3 +110,30 @@ class PassRecordFactory(DjangoModelFactory):
     host = factory.SubFactory(HostFactory)
     started_at = T0
     phase = models.PassPhase.CAUGHT_UP
+
+
+class ThreadFactory(DjangoModelFactory):
+    class Meta:
+        model = models.Thread
+
+    host = factory.SubFactory(HostFactory)
+    key = factory.Sequence(lambda n: f"thread-{n}")
+    created_at = T0
+
+
+class SubmissionFactory(DjangoModelFactory):
+    """A ``ready`` submission at the end of its thread (``sequence`` counts per factory)."""
+
+    class Meta:
+        model = models.Submission
+
+    thread = factory.SubFactory(ThreadFactory)
+    host = factory.LazyAttribute(lambda o: o.thread.host)
+    sequence = factory.Sequence(lambda n: n + 1)
+    agent = "echo"
+    agent_version = "1"
+    payload = factory.LazyFunction(dict)
+    idempotency_key = factory.Sequence(lambda n: f"key-{n}")
+    state = models.SubmissionState.READY
+    created_at = T0
+    updated_at = T0

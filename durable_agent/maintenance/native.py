@@ -11,8 +11,15 @@ Note [Stable waits are not swept]
     waits on an external mutation (approval, unknown resolution, a parked binding) has nothing
     recovery can do until that mutation arrives, and the mutation advances the generation
     itself; sweeping it again every pass would keep a host with many waits autonomous forever.
-    So the old-work backlog holds only heads that are neither eligible nor waiting, and owners
-    the runtime discovered.
+    So the old-work backlog holds the heads and the discovered work owners that are not
+    eligible, minus every thread whose head waits.
+
+Note [Strict FIFO behind uncertainty]
+    Upstream lets later input on a thread proceed past a head whose outcome is unknown once
+    recovery has reported it. Our reference runtime is strictly FIFO: an ``unknown`` head
+    blocks its thread until an operator resolves it. So the head of a thread is always its
+    first nonterminal submission, and an ``unknown`` head that waits makes its whole thread
+    dormant (see the next Note).
 
 Note [Followers behind a stable wait]
     A ``ready`` submission queued behind a head that waits on an external mutation (approval,
@@ -162,9 +169,7 @@ class NativeStep:
             )
 
         heads: dict[str, WorkItem] = {}
-        for item in current:
-            if item.state == "unknown" and waiting(item):
-                continue
+        for item in current:  # Note [Strict FIFO behind uncertainty]
             heads.setdefault(item.thread, item)
         stopping = self._stopping(heads, current)
         eligible = sorted(
@@ -338,14 +343,13 @@ class NativeStep:
         first_seen: dict[str, bool] = {}
 
         def is_autonomous(item: WorkItem) -> bool:
-            if item.state == "unknown" and view.waiting(item):
-                return False
+            waits = view.waiting(item)
             head_waiting = first_seen.get(item.thread)
             if head_waiting is None:
-                first_seen[item.thread] = view.waiting(item)
+                first_seen[item.thread] = waits
             if head_waiting is True and item.state == "ready":
                 return False  # Note [Followers behind a stable wait]
-            return not view.waiting(item)
+            return not waits
 
         autonomous = (
             bool(recovery.pending)

@@ -3,6 +3,12 @@
 from durable_agent.models.audit import AlarmAudit, PassPhase, PassRecord
 from durable_agent.models.host import Host, MaintenanceState
 from durable_agent.models.lanes import DueLane, LaneState, MutationTicket
+from durable_agent.models.ledger import (
+    Submission,
+    SubmissionOutcome,
+    SubmissionState,
+    Thread,
+)
 from durable_agent.models.recovery import (
     BindingRetry,
     RecoveryEvent,
@@ -10,6 +16,7 @@ from durable_agent.models.recovery import (
     RecoveryTransition,
     WorkCursor,
 )
+from durable_agent.models.tokens import ApiToken as ApiToken
 
 __all__ = [
     "AlarmAudit",
@@ -24,5 +31,9 @@ __all__ = [
     "RecoveryEvent",
     "RecoveryFault",
     "RecoveryTransition",
+    "Submission",
+    "SubmissionOutcome",
+    "SubmissionState",
+    "Thread",
     "WorkCursor",
 ]

@@ -1,0 +1,181 @@
+"""One attempt: claim the head with a lease, run its agent outside every transaction, settle.
+
+Note [Agents run as producers]
+    The pass calls ``process_thread_head`` under ``gate.native_source()``: the runtime's own
+    writes (claim, settlement, suspension) are maintenance work and do not advance the
+    generation. Agent code is not maintenance work. An agent that submits to a thread (of
+    any host) is a producer, and its submission must advance that host's generation, or a
+    caught-up host would never run it. So the agent runs in a copy of the context with the
+    native-source flag cleared.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from datetime import datetime
+from typing import Any
+
+from durable_agent import clock
+from durable_agent.agents import leases, registry, transitions
+from durable_agent.agents.context import AgentContext, ApprovalRequested
+from durable_agent.agents.errors import InvalidPayload, TransactionMisuse
+from durable_agent.agents.services import encode_json
+from durable_agent.errors import BindingUnavailable
+from durable_agent.maintenance import gate
+from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.transactions import user_atomic_depth
+from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
+from durable_agent.runtime import Settlement
+
+logger = logging.getLogger("durable_agent.agents")
+
+
+def head_of(host: Host, thread: str) -> Submission | None:
+    """The thread's head: its first nonterminal submission (FIFO by sequence)."""
+    return (
+        Submission.objects.nonterminal()
+        .filter(host=host, thread__key=thread)
+        .select_related("thread")
+        .order_by("sequence")
+        .first()
+    )
+
+
+def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settlement | None:
+    """Claim, run and settle the head of ``thread``; None when nothing settled.
+
+    None means: no head, a head that is not ``ready`` (running elsewhere, suspended,
+    unknown), a ``ready`` head with an abort intent (recovery settles it), a claim lost to
+    someone else, a suspension, or a settlement refused because the lease was lost.
+
+    Raises:
+        BindingUnavailable: the head's agent (name, version) is not registered here; the
+            head stays ``ready`` and unclaimed.
+        TransactionMisuse: called inside ``transaction.atomic`` (agent code must never run
+            inside a transaction).
+    """
+    if user_atomic_depth() > 0:
+        raise TransactionMisuse(
+            "process_thread_head() runs agent code and must be called outside transaction.atomic"
+        )
+    head = head_of(host, thread)
+    if head is None or head.state != SubmissionState.READY or head.abort_requested_at:
+        return None
+    spec = registry.lookup(head.agent, head.agent_version)
+    if spec is None:
+        raise BindingUnavailable(
+            f"Agent {head.agent!r} version {head.agent_version!r} (submission {head.pk} on "
+            f"thread {thread!r}) is not registered in this process",
+            submission=str(head.pk),
+            thread=thread,
+            agent=head.agent,
+            version=head.agent_version,
+        )
+    owner = leases.new_owner()
+    now = clock.now()
+    if not leases.claim(head.pk, owner, now):
+        return None
+    head.state = SubmissionState.RUNNING
+    head.lease_owner = owner
+    head.lease_expires_at = now + leases.lease_ttl()
+    head.attempts += 1
+    head.side_effect_marked = False
+    keeper = leases.LeaseKeeper(head.pk, owner)
+    ctx = AgentContext(head, yield_after, owner, keeper.lost)
+    result: Any = None
+    failure: BaseException | None = None
+    approval: str | None = None
+    with keeper.running():
+        try:
+            result = _call_agent(spec.fn, ctx, head.payload)
+            encode_json(result, what="result")
+        except ApprovalRequested as request:
+            approval = request.reason
+        except InvalidPayload as exc:
+            failure = exc
+        except Exception as exc:
+            logger.warning(
+                "Agent %r failed on submission %s",
+                head.agent,
+                head.pk,
+                exc_info=True,
+                extra={"host": host.key, "thread_key": thread, "submission": head.pk},
+            )
+            failure = exc
+    if approval is not None:
+        return _suspend(host, head, owner, approval)
+    return _settle(host, head, owner, result=result, failure=failure)
+
+
+def _call_agent(fn: registry.AgentFunction, ctx: AgentContext, payload: Any) -> Any:
+    """Note [Agents run as producers]."""
+    context = contextvars.copy_context()
+    context.run(gate._native_source.set, False)
+    return context.run(fn, ctx, payload)
+
+
+def _owned(submission: Submission, owner: str) -> Submission | None:
+    return (
+        Submission.objects.select_for_update()
+        .filter(pk=submission.pk, state=SubmissionState.RUNNING, lease_owner=owner)
+        .first()
+    )
+
+
+def _lost(host: Host, submission: Submission, action: str) -> None:
+    logger.warning(
+        "Submission %s lost its lease before it could %s; recovery owns it now",
+        submission.pk,
+        action,
+        extra={"host": host.key, "submission": submission.pk},
+    )
+
+
+def _settle(
+    host: Host,
+    submission: Submission,
+    owner: str,
+    *,
+    result: Any,
+    failure: BaseException | None,
+) -> Settlement | None:
+    """One commit: the settlement (if still ours), native progress and the alarm."""
+    with gate.transaction(host) as tx:
+        row = _owned(submission, owner)
+        if row is None:
+            _lost(host, submission, "settle")
+            return None
+        now = clock.now()
+        error = None if failure is None else transitions.error_of(failure)
+        if row.abort_requested_at is not None:
+            outcome = SubmissionOutcome.ABORTED
+        elif failure is not None:
+            outcome = SubmissionOutcome.FAILED
+        else:
+            outcome = SubmissionOutcome.COMPLETED
+        stored = None if failure is not None else result
+        fields = transitions.settled(outcome, now, result=stored, error=error)
+        Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
+        tx.record_progress([NATIVE])
+    return Settlement(submission.thread.key, str(submission.pk), outcome.value)
+
+
+def _suspend(host: Host, submission: Submission, owner: str, reason: str) -> Settlement | None:
+    """Suspend for approval (a stable wait), or settle ``aborted`` if an abort came first."""
+    with gate.transaction(host) as tx:
+        row = _owned(submission, owner)
+        if row is None:
+            _lost(host, submission, "suspend")
+            return None
+        now = clock.now()
+        aborted = row.abort_requested_at is not None
+        if aborted:
+            fields = transitions.settled(SubmissionOutcome.ABORTED, now)
+        else:
+            fields = transitions.suspended(reason, now)
+        Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
+        tx.record_progress([NATIVE])
+    if aborted:
+        return Settlement(submission.thread.key, str(submission.pk), SubmissionOutcome.ABORTED)
+    return None

@@ -1,0 +1,57 @@
+"""The reference runtime: the runtime protocol over the ledger models (DESIGN section 8).
+
+It is the default ``RUNTIME`` (``"durable_agent.agents.runtime.ReferenceRuntime"``). Thread
+identifiers are ``Thread.key``; submission identifiers are ``str(Submission.pk)``. The class
+holds no state, so one instance serves every host and every worker thread.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from durable_agent.agents import attempts, recovery, registry
+from durable_agent.models import Host, Submission, SubmissionState
+from durable_agent.runtime import DiscoveryPage, RecoverySweep, Settlement, WorkItem
+
+
+class ReferenceRuntime:
+    """The DB-backed runtime: threads, FIFO submissions, leases and recovery."""
+
+    def binding_registry_key(self) -> str:
+        """The registry's order-insensitive digest of every (name, version) binding."""
+        return registry.registry_key()
+
+    def scan_nonterminal(self, host: Host) -> list[WorkItem]:
+        """Every nonterminal submission of ``host``: by thread key, FIFO within a thread."""
+        rows = (
+            Submission.objects.nonterminal()
+            .filter(host=host)
+            .order_by("thread__key", "sequence")
+            .values_list("thread__key", "pk", "state")
+        )
+        return [WorkItem(thread=key, submission=str(pk), state=state) for key, pk, state in rows]
+
+    def discover_work_threads(self, host: Host, after: str | None, limit: int) -> DiscoveryPage:
+        """Threads owning recoverable work (expired leases, abort intents), after ``after``."""
+        return recovery.discover_work_threads(host, after, limit)
+
+    def run_recovery(self, host: Host, thread: str, cursor: str | None) -> RecoverySweep:
+        """Recover one page (32 submissions) of ``thread``, from ``cursor``."""
+        return recovery.run_recovery(host, thread, cursor)
+
+    def process_thread_head(
+        self, host: Host, thread: str, yield_after: datetime
+    ) -> Settlement | None:
+        """Claim the head of ``thread``, run its agent and settle it (or suspend it)."""
+        return attempts.process_thread_head(host, thread, yield_after)
+
+    def read_abort_intent(self, host: Host, submission: str) -> datetime | None:
+        """When an abort was requested for a ``ready`` (unclaimed) submission, else None."""
+        if not submission.isascii() or not submission.isdigit():
+            return None
+        requested: datetime | None = (
+            Submission.objects.filter(pk=int(submission), host=host, state=SubmissionState.READY)
+            .values_list("abort_requested_at", flat=True)
+            .first()
+        )
+        return requested

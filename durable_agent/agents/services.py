@@ -1,0 +1,417 @@
+"""Ledger services: submit, abort, approve, resolve_unknown (DESIGN sections 5 and 8).
+
+Every service that changes the ledger admits the change through ONE ``gate.transaction`` with
+native source progress, so the submission rows, the host's generation and its armed alarm
+commit together (the invariant). A service that raises wrote nothing.
+
+To submit atomically with your own writes, wrap both in ``gate.transaction(host)`` (not in a
+raw ``transaction.atomic``, which the gate refuses): the service's frame joins yours.
+
+Limits:
+    * ``MAX_PAYLOAD_BYTES`` (256 KiB): a payload's compact JSON encoding (UTF-8) may not be
+      larger. Store big inputs elsewhere and submit a reference.
+    * thread keys: 1 to 256 characters; idempotency keys: 1 to 200 characters.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from django.db.models import Max
+
+from durable_agent import clock
+from durable_agent.agents import registry, transitions
+from durable_agent.agents.errors import (
+    AgentNotRegistered,
+    IdempotencyConflict,
+    InvalidIdempotencyKey,
+    InvalidPayload,
+    InvalidSubmissionState,
+    InvalidThreadKey,
+    PayloadTooLarge,
+    SubmissionNotFound,
+)
+from durable_agent.errors import InvalidInput
+from durable_agent.maintenance import gate
+from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.transactions import resolve_host_id
+from durable_agent.models import (
+    Host,
+    Submission,
+    SubmissionOutcome,
+    SubmissionState,
+    Thread,
+)
+from durable_agent.models.ledger import MAX_IDEMPOTENCY_KEY_LENGTH, MAX_THREAD_KEY_LENGTH
+
+__all__ = [
+    "MAX_PAYLOAD_BYTES",
+    "Receipt",
+    "SubmissionStatus",
+    "abort",
+    "approve",
+    "resolve_unknown",
+    "submit",
+]
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+"""The largest payload ``submit`` accepts: its compact JSON encoding, in UTF-8 bytes."""
+
+SubmissionRef = Submission | int | str
+Resolution = Literal["completed", "failed", "retry"]
+RESOLUTIONS: tuple[str, ...] = ("completed", "failed", "retry")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What ``submit`` accepted. ``created`` is False for a replayed idempotency key."""
+
+    submission_id: int
+    thread: str
+    sequence: int
+    idempotency_key: str
+    created: bool
+    state: str
+
+
+@dataclass(frozen=True)
+class SubmissionStatus:
+    """A submission's state after ``abort``, ``approve`` or ``resolve_unknown``."""
+
+    submission_id: int
+    thread: str
+    sequence: int
+    state: str
+    outcome: str | None
+    abort_requested: bool
+
+
+# -- validation (before any write) ---------------------------------------------------------
+
+
+def encode_json(value: Any, *, what: str) -> str:
+    """The compact JSON text of ``value``; InvalidPayload when it has none."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"The {what} is not JSON-serialisable: {exc}") from exc
+
+
+def _validate_payload(payload: Any) -> Any:
+    encoded = encode_json(payload, what="payload")
+    size = len(encoded.encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"The payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES} bytes",
+            size=size,
+            limit=MAX_PAYLOAD_BYTES,
+        )
+    return json.loads(encoded)  # what the agent will see (tuples become lists, ...)
+
+
+def _validate_thread_key(thread: object) -> str:
+    if not isinstance(thread, str) or not 1 <= len(thread) <= MAX_THREAD_KEY_LENGTH:
+        shown = thread if not isinstance(thread, str) else f"{len(thread)} characters"
+        raise InvalidThreadKey(
+            f"A thread key is a string of 1 to {MAX_THREAD_KEY_LENGTH} characters, not {shown!r}",
+            thread=thread,
+        )
+    return thread
+
+
+def _validate_idempotency_key(key: object) -> str:
+    if key is None:
+        return uuid.uuid4().hex
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise InvalidIdempotencyKey(
+            f"An idempotency key is a string of 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters "
+            "(or None)",
+            idempotency_key=key,
+        )
+    return key
+
+
+def _resolve_binding(agent: object, version: object) -> tuple[str, str]:
+    if not isinstance(agent, str) or not agent:
+        raise InvalidInput(f"An agent name is a non-empty string, not {agent!r}", agent=agent)
+    available = registry.versions(agent)
+    if version is None:
+        if not available:
+            raise AgentNotRegistered(
+                f"No agent {agent!r} is registered in this process; register it with "
+                f"@durable_agent.agent({agent!r}) in a module your AppConfig.ready() imports",
+                agent=agent,
+            )
+        if len(available) > 1:
+            raise InvalidInput(
+                f"Agent {agent!r} has several registered versions ({', '.join(available)}); "
+                "pass version=... to choose one",
+                agent=agent,
+                versions=available,
+            )
+        return agent, available[0]
+    if isinstance(version, int) and not isinstance(version, bool):
+        version = str(version)
+    if not isinstance(version, str) or registry.lookup(agent, version) is None:
+        known = ", ".join(available) or "none"
+        raise AgentNotRegistered(
+            f"Agent {agent!r} version {version!r} is not registered in this process "
+            f"(registered versions: {known})",
+            agent=agent,
+            version=version,
+        )
+    return agent, version
+
+
+# -- submit --------------------------------------------------------------------------------
+
+
+def submit(
+    *,
+    host: Host | str | int,
+    thread: str,
+    agent: str,
+    payload: Any,
+    idempotency_key: str | None = None,
+    version: str | int | None = None,
+) -> Receipt:
+    """Accept ``payload`` for ``agent`` at the end of ``thread`` (created on first use).
+
+    One commit: the thread, the submission, the host's generation and its alarm. Replaying an
+    idempotency key already used on the thread returns the original receipt
+    (``created=False``) and admits nothing.
+
+    Args:
+        host: a Host, its key or its id.
+        thread: the thread key (1-256 characters); submissions run FIFO per thread.
+        agent: a registered agent name.
+        payload: any JSON-serialisable value of at most ``MAX_PAYLOAD_BYTES``.
+        idempotency_key: 1-200 characters, unique per thread; None generates one.
+        version: the agent version; None means the only registered version.
+
+    Raises:
+        HostNotFound, InvalidThreadKey, AgentNotRegistered, InvalidPayload, PayloadTooLarge,
+        InvalidIdempotencyKey, IdempotencyConflict, InvalidInput. Nothing is written then.
+    """
+    thread_key = _validate_thread_key(thread)
+    name, resolved_version = _resolve_binding(agent, version)
+    value = _validate_payload(payload)
+    key = _validate_idempotency_key(idempotency_key)
+    host_id = resolve_host_id(host)
+    now = clock.now()
+    with gate.transaction(host_id) as tx:
+        thread_row = _lock_thread(host_id, thread_key, now)
+        existing = Submission.objects.filter(thread=thread_row, idempotency_key=key).first()
+        if existing is not None:
+            _check_replay(existing, name, None if version is None else resolved_version, value)
+            return _receipt(existing, thread_key, created=False)
+        last = Submission.objects.filter(thread=thread_row).aggregate(last=Max("sequence"))
+        row = Submission.objects.create(
+            host_id=host_id,
+            thread=thread_row,
+            sequence=(last["last"] or 0) + 1,
+            agent=name,
+            agent_version=resolved_version,
+            payload=value,
+            idempotency_key=key,
+            state=SubmissionState.READY,
+            created_at=now,
+            updated_at=now,
+        )
+        tx.record_progress([NATIVE])
+    return _receipt(row, thread_key, created=True)
+
+
+def _lock_thread(host_id: int, key: str, now: Any) -> Thread:
+    """The thread row, created on first use and locked (Note [Ledger lock order])."""
+    Thread.objects.get_or_create(host_id=host_id, key=key, defaults={"created_at": now})
+    return Thread.objects.select_for_update().get(host_id=host_id, key=key)
+
+
+def _check_replay(existing: Submission, agent: str, version: str | None, payload: Any) -> None:
+    if (
+        existing.agent != agent
+        or (version is not None and existing.agent_version != version)
+        or existing.payload != payload
+    ):
+        raise IdempotencyConflict(
+            f"Idempotency key {existing.idempotency_key!r} was already used on this thread "
+            f"(submission {existing.pk}, agent {existing.agent!r} version "
+            f"{existing.agent_version!r}) with a different agent, version or payload",
+            submission=existing.pk,
+            idempotency_key=existing.idempotency_key,
+        )
+
+
+def _receipt(row: Submission, thread: str, *, created: bool) -> Receipt:
+    return Receipt(
+        submission_id=int(row.pk),
+        thread=thread,
+        sequence=int(row.sequence),
+        idempotency_key=row.idempotency_key,
+        created=created,
+        state=str(row.state),
+    )
+
+
+# -- operations on one submission ----------------------------------------------------------
+
+
+def _submission_id(submission: SubmissionRef) -> int:
+    if isinstance(submission, Submission):
+        if submission.pk is None:
+            raise SubmissionNotFound("The submission has not been saved")
+        return int(submission.pk)
+    if isinstance(submission, bool):
+        raise SubmissionNotFound(f"No submission {submission!r}", submission=submission)
+    if isinstance(submission, int):
+        return submission
+    if isinstance(submission, str) and submission.isascii() and submission.isdigit():
+        return int(submission)
+    raise SubmissionNotFound(
+        f"A submission is a Submission or its id, not {submission!r}", submission=submission
+    )
+
+
+def _host_of(submission_id: int) -> int:
+    host_id = Submission.objects.filter(pk=submission_id).values_list("host_id", flat=True).first()
+    if host_id is None:
+        raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)
+    return int(host_id)
+
+
+def _locked(submission_id: int) -> Submission:
+    row = Submission.objects.select_for_update().filter(pk=submission_id).first()
+    if row is None:
+        raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)
+    return row
+
+
+def _refuse(row: Submission, operation: str, hint: str) -> InvalidSubmissionState:
+    state = row.state if row.outcome is None else f"{row.state}/{row.outcome}"
+    return InvalidSubmissionState(
+        f"Cannot {operation} submission {row.pk}: it is {state}; {hint}",
+        submission=row.pk,
+        state=row.state,
+        operation=operation,
+    )
+
+
+def _write(row: Submission, fields: dict[str, Any]) -> None:
+    Submission.objects.filter(pk=row.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(row, name, value)
+
+
+def _status(row: Submission) -> SubmissionStatus:
+    thread = Thread.objects.values_list("key", flat=True).get(pk=row.thread_id)
+    return SubmissionStatus(
+        submission_id=int(row.pk),
+        thread=thread,
+        sequence=int(row.sequence),
+        state=str(row.state),
+        outcome=None if row.outcome is None else str(row.outcome),
+        abort_requested=row.abort_requested_at is not None,
+    )
+
+
+def abort(submission: SubmissionRef) -> SubmissionStatus:
+    """Ask for a submission to end ``aborted``.
+
+    * ``ready`` or ``suspended`` (nothing is running): settles ``aborted`` at once, wherever
+      it is queued; the thread moves on to its next submission.
+    * ``running``: records the abort intent; the agent's ``ctx.cancelled()`` turns True, and
+      the attempt settles ``aborted`` when the agent returns or raises (if its worker dies,
+      recovery settles it ``aborted`` once the lease expires).
+    * Repeating an abort of a running submission changes nothing.
+
+    Raises:
+        InvalidSubmissionState: the submission is settled, or ``unknown`` (use
+            :func:`resolve_unknown`).
+        SubmissionNotFound: no such submission.
+    """
+    submission_id = _submission_id(submission)
+    with gate.transaction(_host_of(submission_id)) as tx:
+        row = _locked(submission_id)
+        if row.state == SubmissionState.SETTLED:
+            raise _refuse(row, "abort", "a settled submission cannot change")
+        if row.state == SubmissionState.UNKNOWN:
+            raise _refuse(row, "abort", "resolve it with resolve_unknown()")
+        now = clock.now()
+        if row.state in (SubmissionState.READY, SubmissionState.SUSPENDED):
+            fields = transitions.settled(SubmissionOutcome.ABORTED, now)
+            _write(row, {**fields, "abort_requested_at": row.abort_requested_at or now})
+            tx.record_progress([NATIVE])
+        elif row.abort_requested_at is None:
+            _write(row, {"abort_requested_at": now, "updated_at": now})
+            tx.record_progress([NATIVE])
+    return _status(row)
+
+
+def approve(submission: SubmissionRef, *, approved: bool = True) -> SubmissionStatus:
+    """Answer a ``suspended`` submission's approval request.
+
+    Approved: it becomes ``ready`` and its agent runs again from the start, with
+    ``ctx.approved`` True; ``ctx.suspend_for_approval(reason)`` now returns for this reason
+    (and for every reason approved before).
+    Rejected: it settles ``failed`` with ``error={"reason": "rejected", ...}``.
+
+    Raises:
+        InvalidSubmissionState: the submission is not ``suspended``.
+        SubmissionNotFound: no such submission.
+    """
+    if not isinstance(approved, bool):
+        raise InvalidInput(f"approved must be True or False, not {approved!r}", approved=approved)
+    submission_id = _submission_id(submission)
+    with gate.transaction(_host_of(submission_id)) as tx:
+        row = _locked(submission_id)
+        if row.state != SubmissionState.SUSPENDED:
+            raise _refuse(row, "approve", "only a suspended submission waits for approval")
+        now = clock.now()
+        if approved:
+            approvals = [*row.approvals, row.approval_reason]
+            _write(row, {**transitions.ready(now), "approved_at": now, "approvals": approvals})
+        else:
+            error = {"reason": "rejected", "approval_reason": row.approval_reason}
+            _write(row, transitions.settled(SubmissionOutcome.FAILED, now, error=error))
+        tx.record_progress([NATIVE])
+    return _status(row)
+
+
+def resolve_unknown(submission: SubmissionRef, *, outcome: Resolution) -> SubmissionStatus:
+    """Resolve an ``unknown`` submission once an operator knows what its side effect did.
+
+    Args:
+        submission: a Submission or its id.
+        outcome: ``"completed"`` (the effect happened: settle completed, result None),
+            ``"failed"`` (it did not, and should not be retried: settle failed with
+            ``error={"reason": "resolved_failed"}``) or ``"retry"`` (it did not: run the
+            agent again; the submission becomes ``ready``).
+
+    Raises:
+        InvalidSubmissionState: the submission is not ``unknown``.
+        InvalidInput: ``outcome`` is not one of the three.
+        SubmissionNotFound: no such submission.
+    """
+    if outcome not in RESOLUTIONS:
+        raise InvalidInput(
+            f"outcome must be one of {', '.join(RESOLUTIONS)}, not {outcome!r}", outcome=outcome
+        )
+    submission_id = _submission_id(submission)
+    with gate.transaction(_host_of(submission_id)) as tx:
+        row = _locked(submission_id)
+        if row.state != SubmissionState.UNKNOWN:
+            raise _refuse(row, "resolve", "only an unknown submission needs a resolution")
+        now = clock.now()
+        if outcome == "retry":
+            _write(row, transitions.ready(now))
+        elif outcome == "completed":
+            _write(row, transitions.settled(SubmissionOutcome.COMPLETED, now))
+        else:
+            error = {"reason": "resolved_failed"}
+            _write(row, transitions.settled(SubmissionOutcome.FAILED, now, error=error))
+        tx.record_progress([NATIVE])
+    return _status(row)
