@@ -26,3 +26,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"durable_agent": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+if os.environ.get("DA_SOAK"):
+    # The soak kills work on purpose: short leases let it recover within the run.
+    DURABLE_AGENT = {"PASS_LEASE_TTL_MS": 5_000}

@@ -9,6 +9,7 @@
 #                      (default postgres://postgres@127.0.0.1:5432/test)
 #   REQUIRE_POSTGRES=1 an unreachable PostgreSQL is a failure, not a warning (CI sets it)
 #   SKIP_DJ61=1        skip the Django 6.1 legs
+#   SKIP_SOAK=1        skip the chaos soak; SOAK_SECONDS sets its length (default 60)
 #   DJ61_PYTHON        the Python >= 3.12 for the Django 6.1 legs (default: searched for)
 #   PYTEST_ARGS        extra pytest arguments for every leg, e.g. "-x -k alarm"
 #   TEST_LEG_TIMEOUT   seconds one pytest run may take (default 900; 4 legs stay well under
@@ -124,6 +125,17 @@ if [ $PG_OK = 1 ]; then
         --cov-fail-under=0
 else
     pg_unavailable "Django 5.2 / PostgreSQL"
+fi
+
+# The chaos soak: live clusters, SIGKILLs and dropped connections, on its own database.
+if [ $PG_OK = 1 ] && [ "${SKIP_SOAK:-}" != 1 ]; then
+    command_leg "chaos soak (${SOAK_SECONDS:-60} s, PostgreSQL)" env \
+        SOAK_DATABASE_URL="${SOAK_DATABASE_URL:-${PG_URL%/*}/durable_agent_soak}" \
+        "$VENV/bin/python" -m bench.soak --seconds "${SOAK_SECONDS:-60}"
+elif [ "${SKIP_SOAK:-}" = 1 ]; then
+    record SKIP "chaos soak" 0 "SKIP_SOAK=1"
+else
+    pg_unavailable "chaos soak"
 fi
 
 # Coverage of the Django 5.2 legs together; fail_under in pyproject.toml is the floor.

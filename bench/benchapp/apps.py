@@ -7,6 +7,7 @@ class BenchConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from bench.benchapp import agents  # noqa: F401  (registers the soak agents)
         from durable_agent import lanes
 
         lanes.register("bench", lambda ctx: None)

@@ -10,3 +10,14 @@ class Fact(models.Model):
 
     def __str__(self) -> str:
         return f"fact {self.pk}"
+
+
+class Execution(models.Model):
+    """One run of a soak agent (a submission may run more than once; it settles once)."""
+
+    submission_id = models.BigIntegerField(db_index=True)
+    attempt = models.IntegerField()
+    at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"execution {self.submission_id}/{self.attempt}"
