@@ -74,8 +74,11 @@ def take(
             or (earliest is not None and earliest <= now)
         )
         if not due:
-            if earliest is not None:
-                checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
+            # This delivery consumed the slot: it now holds the earliest future deadline.
+            if earliest is None:
+                checkpoint.cancel()
+            else:
+                checkpoint.at(max(now + conf.minimum_alarm_delay(), earliest))
             return Stale(host_id, "nothing is due")
     held = state.pass_lease_expires_at
     if state.pass_lease_owner and held is not None and held > now:

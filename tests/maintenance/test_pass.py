@@ -732,3 +732,17 @@ def test_lease__mid_pass_the_slot_is_no_later_than_the_lease(
     ((slot, lease_end),) = seen
     assert native(host).not_before > lease_end  # the claim floor alone would be too late
     assert slot == lease_end == clock.now() + 30 * S
+
+
+def test_guard__a_consumed_slot_moves_to_the_next_deadline(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    lanes.register("outbox", lambda ctx: None)
+    caught_up(host)
+    gate.schedule(host, "outbox", clock.now() + 60 * S)
+    alarm.rearm(host, at=clock.now() + 10 * MS)  # an early slot, still armed when it fires
+    clock.advance(ms=20)
+    report = run_pass(host, deadline=clock.now() - 10 * MS, guard=True)
+    assert report.phase == "stale"
+    # Not left in the past (it would fire again and again): the next real deadline.
+    assert alarm.scheduled(host) == clock.now() - 20 * MS + 60 * S
