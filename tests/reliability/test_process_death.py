@@ -29,7 +29,9 @@ with failpoints.installed(die):
     with gate.mutation({host}, lanes=("agent:lifecycle",)):
         gate.schedule({host}, "agent:lifecycle", gate_now())
     for n in range(2):
-        durable_agent.submit(host={host}, thread="t1", agent="summarise", payload={{"text": str(n)}})
+        durable_agent.submit(
+            host={host}, thread="t1", agent="summarise", payload={{"text": str(n)}}
+        )
     run_pass({host})
     ensure_alarm({host})
 """
