@@ -151,3 +151,37 @@ def _check_q_cluster() -> list[CheckMessage]:
 def _kind(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+
+
+@register("durable_agent", deploy=True)
+def check_alarm_invariant(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """``manage.py check --deploy --database default``: audit every host's alarm."""
+    if not databases:
+        return []
+    from django.db import DatabaseError
+
+    from durable_agent.maintenance.audit import audit_all
+    from durable_agent.runtime import get_runtime
+
+    try:
+        summary = audit_all(registry_key=get_runtime().binding_registry_key())
+    except DatabaseError as exc:
+        return [
+            Warning(
+                f"The alarm invariant could not be audited: {exc}",
+                hint="Run migrations, then manage.py maintenance_audit.",
+                id="durable_agent.W010",
+            )
+        ]
+    if summary.ok:
+        return []
+    hosts = ", ".join(h.host for h in summary.violating[:10])
+    return [
+        Error(
+            f"{len(summary.violating)} hosts violate the alarm invariant ({hosts}).",
+            hint="Run manage.py maintenance_audit for details, --repair to re-arm them.",
+            id="durable_agent.E010",
+        )
+    ]

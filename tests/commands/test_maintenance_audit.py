@@ -97,3 +97,16 @@ def test_audit__reports_overdue_parked_tickets_and_leases(
     out, _ = audit()
     assert "overdue messy" in out
     assert "parked messy: stuck" in out
+
+
+def test_deploy_check__reports_a_violation(clock: FakeClock, runtime: ScriptedRuntime) -> None:
+    from durable_agent.checks import check_alarm_invariant
+
+    host = Host.objects.create(key="deploy")
+    runtime.submit(host, "t1")
+    assert check_alarm_invariant(databases=["default"]) == []
+    assert check_alarm_invariant() == []  # without --database it does not touch the database
+    Schedule.objects.update(repeats=0)
+    (error,) = check_alarm_invariant(databases=["default"])
+    assert error.id == "durable_agent.E010"
+    assert "deploy" in error.msg
