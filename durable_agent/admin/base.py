@@ -1,0 +1,59 @@
+"""What every durable_agent admin shares: read-only pages and the repair permission."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.contrib import admin
+from django.db.models import Model
+from django.http import HttpRequest
+
+REPAIR_PERMISSION = "durable_agent.repair_host"
+VIEW_HOST_PERMISSION = "durable_agent.view_host"
+
+_M = TypeVar("_M", bound=Model)
+
+if TYPE_CHECKING:
+    _Base = admin.ModelAdmin[_M]
+else:
+
+    class _Base(admin.ModelAdmin):
+        """``admin.ModelAdmin`` is not subscriptable at run time: ``_Base[Host]`` (and every
+        subclass subscripted the same way) is the class itself; only mypy sees the type."""
+
+        def __class_getitem__(cls, item: Any) -> type:
+            return cls
+
+
+class ReadOnlyAdmin(_Base[_M]):
+    """Nothing is added, edited or deleted here; repairs are actions that call services.
+
+    Actions declared with ``permissions=["repair"]`` need ``durable_agent.repair_host``.
+    """
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_repair_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(REPAIR_PERMISSION))
+
+
+class HostPartAdmin(ReadOnlyAdmin[_M]):
+    """A host's maintenance rows (lanes, retries, faults, audits, passes): whoever may view
+    hosts may view them, as on the host page itself. They hold no payloads."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or bool(
+            request.user.has_perm(VIEW_HOST_PERMISSION)
+        )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return super().has_module_permission(request) or bool(
+            request.user.has_perm(VIEW_HOST_PERMISSION)
+        )

@@ -1,0 +1,249 @@
+"""The API's error contract: every error is ``{code, message, detail}`` with a stable code.
+
+``DurableAgentError`` subclasses map to a status by their ``code`` (``STATUS_BY_CODE``), else
+by their class (a lookup error is 404, an invalid input 422, anything else 500). Ninja's own
+errors (validation, authentication, unparsable bodies) are re-shaped to the same body.
+
+Note [Errors without the NinjaAPI]
+    The app ships a Router, never a NinjaAPI, and ninja routes every exception raised by an
+    operation (authentication, parsing, the view) to ``operation.api.on_exception``. So the
+    router binds each of its operations to an :class:`ErrorContract`, a thin view of the
+    project's NinjaAPI whose ``on_exception`` speaks this contract and which delegates
+    everything else. The project's other routers, and its own exception handlers, are left
+    alone. ``tests/api/test_errors.py`` pins the shapes, so a ninja upgrade that changes
+    this path fails loudly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import date, datetime
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from durable_agent.errors import DurableAgentError, InvalidInput
+from durable_agent.schemas import ErrorOut
+
+logger = logging.getLogger("durable_agent.api")
+
+STATUS_BY_CODE: dict[str, int] = {
+    # 400: the request cannot be read
+    "bad_request": 400,
+    "idempotency_key_mismatch": 400,
+    # 401 / 403: who is asking, and may they
+    "not_authenticated": 401,
+    "invalid_token": 401,
+    "forbidden": 403,
+    "not_staff": 403,
+    "csrf_failed": 403,
+    "insufficient_scope": 403,
+    # 404: an unknown host, lane, binding retry, fault or submission
+    "not_found": 404,
+    "host_not_found": 404,
+    "repair_target_not_found": 404,
+    "submission_not_found": 404,
+    "token_not_found": 404,
+    # 409: the target exists but is not in a state this request applies to
+    "not_repairable": 409,
+    "rearm_refused": 409,
+    "revision_conflict": 409,
+    "invalid_submission_state": 409,
+    "idempotency_conflict": 409,
+    "binding_unavailable": 409,
+    "lease_lost": 409,
+    "token_name_taken": 409,
+    # 422: the request is well-formed but its values are not valid
+    "validation_error": 422,
+    "invalid_input": 422,
+    "invalid_lane_id": 422,
+    "invalid_deadline": 422,
+    "invalid_thread_key": 422,
+    "invalid_idempotency_key": 422,
+    "invalid_payload": 422,
+    "payload_too_large": 422,
+    "agent_not_registered": 422,
+    "invalid_token_name": 422,
+    # 429: a throttle the project set on its NinjaAPI
+    "throttled": 429,
+    # 500: a bug or a broken deployment; details are logged, not returned
+    "internal_error": 500,
+    "pass_failed": 500,
+    "durable_agent_error": 500,
+    "configuration_error": 500,
+    "alarm_error": 500,
+    "gate_misuse": 500,
+    "lane_not_registered": 500,
+    "agent_already_registered": 500,
+    "transaction_misuse": 500,
+}
+
+# Ninja's HttpError carries only a status (a project-wide throttle answers 429).
+_CODE_BY_STATUS = {
+    400: "bad_request",
+    401: "not_authenticated",
+    403: "forbidden",
+    404: "not_found",
+    429: "throttled",
+}
+
+
+class ApiError(Exception):
+    """An error the API answers with ``status`` and ``{code, message, detail}``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        detail: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail or {}
+        self.headers = headers or {}
+
+
+def declared(*statuses: int) -> dict[int, type[ErrorOut]]:
+    """The ``response=`` entries of an endpoint's error statuses (all :class:`ErrorOut`)."""
+    return dict.fromkeys(statuses, ErrorOut)
+
+
+def status_for(exc: DurableAgentError) -> int:
+    """The HTTP status of a service error: by its code, else by its class."""
+    status = STATUS_BY_CODE.get(exc.code)
+    if status is not None:
+        return status
+    if isinstance(exc, LookupError):
+        return 404
+    if isinstance(exc, InvalidInput):
+        return 422
+    return 500
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON data (context attributes may hold models or datetimes)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if depth < 4 and isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    if depth < 4 and isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v, depth + 1) for v in value]
+    return str(value)
+
+
+def _location(loc: Any) -> list[str]:
+    """``["body", "reason"]``, not ninja's ``["body", "body", "reason"]`` (every endpoint names
+    its body parameter ``body``)."""
+    parts = [str(part) for part in loc or ()]
+    if parts[:2] == ["body", "body"]:
+        del parts[1]
+    return parts
+
+
+def _validation_detail(exc: ValidationError) -> dict[str, Any]:
+    errors = [
+        {
+            "loc": _location(error.get("loc")),
+            "msg": str(error.get("msg", "")),
+            "type": str(error.get("type", "")),
+        }
+        for error in exc.errors
+    ]
+    return {"errors": errors}
+
+
+def to_api_error(exc: Exception) -> ApiError | None:
+    """The contract's view of ``exc``; None for an unexpected exception (a 500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, DurableAgentError):
+        detail = jsonable(exc.context)
+        return ApiError(status_for(exc), exc.code, exc.message, detail)
+    if isinstance(exc, ValidationError):
+        return ApiError(
+            422, "validation_error", "The request is not valid", _validation_detail(exc)
+        )
+    if isinstance(exc, AuthenticationError):
+        return not_authenticated()
+    if isinstance(exc, HttpError):
+        fallback = "internal_error" if exc.status_code >= 500 else "bad_request"
+        code = _CODE_BY_STATUS.get(exc.status_code, fallback)
+        return ApiError(exc.status_code, code, str(exc))
+    if isinstance(exc, Http404):
+        return ApiError(404, "not_found", "Not found")
+    return None
+
+
+def not_authenticated(message: str | None = None) -> ApiError:
+    return ApiError(
+        401,
+        "not_authenticated",
+        message
+        or "Authenticate with an API token (Authorization: Bearer <secret>) or a staff session",
+        headers={"WWW-Authenticate": 'Bearer realm="durable_agent"'},
+    )
+
+
+def error_body(error: ApiError) -> dict[str, Any]:
+    return {"code": error.code, "message": error.message, "detail": error.detail}
+
+
+def error_response(api: NinjaAPI, request: HttpRequest, exc: Exception) -> HttpResponse:
+    """Render ``exc`` in the contract; unexpected exceptions are logged and become a 500."""
+    error = to_api_error(exc)
+    if error is None:
+        error = ApiError(500, "internal_error", "Internal error; the server log has details")
+    if error.status >= 500:
+        logger.error(
+            "%s in %s %s",
+            error.code,
+            request.method,
+            request.path,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+    response = api.create_response(request, error_body(error), status=error.status)
+    for name, value in error.headers.items():
+        response[name] = value
+    return response
+
+
+class ErrorContract:
+    """A view of a NinjaAPI whose ``on_exception`` speaks this module's contract.
+
+    See Note [Errors without the NinjaAPI].
+    """
+
+    def __init__(self, api: NinjaAPI) -> None:
+        self._api = api
+
+    @property
+    def wrapped(self) -> NinjaAPI:
+        return self._api
+
+    def on_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse:
+        return error_response(self._api, request, exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+
+def bind_error_contract(run: Callable[..., Any]) -> Callable[..., Any]:
+    """A router decorator (mode "view"): bind the operation to an :class:`ErrorContract`.
+
+    Ninja applies view decorators to ``operation.run`` (a bound method) once the operation is
+    bound to its API; the operation itself is left as it was, apart from its ``api``.
+    """
+    operation = getattr(run, "__self__", None)
+    api = getattr(operation, "api", None)
+    if operation is not None and api is not None and not isinstance(api, ErrorContract):
+        operation.api = ErrorContract(api)
+    return run

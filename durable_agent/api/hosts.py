@@ -1,0 +1,177 @@
+"""Read endpoints: hosts, one host, its lanes, its audit trail, and the invariant audit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Path, Query, Router
+
+from durable_agent import clock
+from durable_agent.api.errors import declared as errors
+from durable_agent.api.selectors import (
+    HostFilters,
+    host_audit_page,
+    host_detail,
+    host_lanes,
+    host_page,
+    is_overdue,
+)
+from durable_agent.maintenance.alarm import slot_deadline
+from durable_agent.maintenance.audit import audit_all
+from durable_agent.models import Host, MaintenanceState
+from durable_agent.runtime import get_runtime
+from durable_agent.schemas import (
+    AuditOut,
+    AuditPageOut,
+    BindingRetryOut,
+    FaultOut,
+    HealthOut,
+    HostDetailOut,
+    HostFilterQuery,
+    HostKey,
+    HostPageOut,
+    HostSummaryOut,
+    InvariantOut,
+    LaneOut,
+    MaintenanceOut,
+    PageQuery,
+    PassRecordOut,
+)
+
+router = Router(tags=["hosts"])
+
+
+def _summary(host: Any, now: Any) -> HostSummaryOut:
+    slot = slot_deadline(host.alarm)
+    return HostSummaryOut(
+        key=host.key,
+        single_thread=host.single_thread,
+        created_at=host.created_at,
+        alarm=slot,
+        overdue=is_overdue(slot, now),
+        dirty=host.n_dirty,
+        processed=host.n_processed,
+        nonterminal=host.n_nonterminal,
+        parked_lanes=host.n_parked_lanes,
+        faults=host.n_faults,
+        binding_retries=host.n_binding_retries,
+    )
+
+
+def _state(state: MaintenanceState | None) -> MaintenanceOut:
+    if state is None:  # a missing row means dirty=1, processed=0
+        return MaintenanceOut(
+            dirty=1,
+            processed=0,
+            nonterminal=0,
+            binding_registry_key=None,
+            retry_generation=None,
+            retry_not_before=None,
+            retry_stalls=None,
+            pass_lease_owner=None,
+            pass_lease_expires_at=None,
+            recovery_event_sequence=0,
+            recovery_event_acknowledged=0,
+        )
+    return MaintenanceOut(
+        dirty=state.dirty,
+        processed=state.processed,
+        nonterminal=state.nonterminal,
+        binding_registry_key=state.binding_registry_key,
+        retry_generation=state.retry_generation,
+        retry_not_before=state.retry_not_before,
+        retry_stalls=state.retry_stalls,
+        pass_lease_owner=state.pass_lease_owner,
+        pass_lease_expires_at=state.pass_lease_expires_at,
+        recovery_event_sequence=state.recovery_event_sequence,
+        recovery_event_acknowledged=state.recovery_event_acknowledged,
+    )
+
+
+@router.get(
+    "hosts",
+    response={200: HostPageOut, **errors(401, 403, 422)},
+    summary="List hosts",
+    operation_id="list_hosts",
+)
+def list_hosts(request: HttpRequest, query: Query[HostFilterQuery]) -> HostPageOut:
+    """Hosts by key with their slot, generations and counts; each filter is optional."""
+    filters = HostFilters(
+        overdue=query.overdue, parked=query.parked, faulted=query.faulted, dirty=query.dirty
+    )
+    page = host_page(filters=filters, limit=query.limit, offset=query.offset)
+    now = clock.now()
+    return HostPageOut(
+        count=page.count,
+        limit=page.limit,
+        offset=page.offset,
+        items=[_summary(host, now) for host in page.items],
+    )
+
+
+@router.get(
+    "hosts/{key}",
+    response={200: HostDetailOut, **errors(401, 403, 404, 422)},
+    summary="One host",
+    operation_id="get_host",
+)
+def get_host(request: HttpRequest, key: Path[HostKey]) -> HostDetailOut:
+    """State, slot, lanes, binding retries, recovery faults and the last 10 passes."""
+    detail = host_detail(key)
+    host: Host = detail.host
+    return HostDetailOut(
+        key=host.key,
+        single_thread=host.single_thread,
+        created_at=host.created_at,
+        alarm=detail.slot,
+        overdue=detail.overdue,
+        state=_state(detail.state),
+        invariant=InvariantOut(
+            ok=detail.invariant.ok, violations=list(detail.invariant.violations)
+        ),
+        lanes=[LaneOut.model_validate(lane) for lane in detail.lanes],
+        binding_retries=[BindingRetryOut.model_validate(row) for row in detail.binding_retries],
+        faults=[FaultOut.model_validate(row) for row in detail.faults],
+        recent_passes=[PassRecordOut.model_validate(row) for row in detail.recent_passes],
+    )
+
+
+@router.get(
+    "hosts/{key}/lanes",
+    response={200: list[LaneOut], **errors(401, 403, 404, 422)},
+    summary="A host's lanes",
+    operation_id="list_host_lanes",
+)
+def list_lanes(request: HttpRequest, key: Path[HostKey]) -> list[LaneOut]:
+    """The host's due queue by lane id, dormant lanes included."""
+    return [LaneOut.model_validate(lane) for lane in host_lanes(key)]
+
+
+@router.get(
+    "hosts/{key}/audit",
+    response={200: AuditPageOut, **errors(401, 403, 404, 422)},
+    summary="A host's audit trail",
+    operation_id="list_host_audit",
+)
+def list_audit(request: HttpRequest, key: Path[HostKey], query: Query[PageQuery]) -> AuditPageOut:
+    """Manual rearms, passes, unparks and retries on this host, newest first."""
+    page = host_audit_page(key, limit=query.limit, offset=query.offset)
+    return AuditPageOut(
+        count=page.count,
+        limit=page.limit,
+        offset=page.offset,
+        items=[AuditOut.model_validate(row) for row in page.items],
+    )
+
+
+@router.get(
+    "health",
+    response={200: HealthOut, **errors(401, 403)},
+    summary="The alarm invariant audit",
+    operation_id="health",
+)
+def health(request: HttpRequest) -> HealthOut:
+    """Hosts violating the invariant, overdue hosts, parked lanes (200 even when not ok)."""
+    summary = audit_all(registry_key=get_runtime().binding_registry_key())
+    return HealthOut.model_validate(summary.as_dict())

@@ -1,0 +1,190 @@
+"""Submission endpoints over the reference runtime's ledger services.
+
+``POST hosts/{key}/threads/{thread}/submissions`` admits work (201), or returns the original
+receipt (200) when its idempotency key, from the body or the ``Idempotency-Key`` header, was
+already used on the thread with the same agent and payload. Abort, approve and resolve answer
+409 ``invalid_submission_state`` when the submission is not in a state they apply to.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from django.http import HttpRequest
+from ninja import Header, Path, Router, Status
+
+from durable_agent.agents import services
+from durable_agent.agents.errors import InvalidPayload, SubmissionNotFound
+from durable_agent.api.auth import require_repair
+from durable_agent.api.converters import THREAD
+from durable_agent.api.errors import ApiError
+from durable_agent.api.errors import declared as errors
+from durable_agent.api.selectors import get_host
+from durable_agent.models import Submission
+from durable_agent.schemas import (
+    ApproveIn,
+    HostKey,
+    IdempotencyKey,
+    ReceiptOut,
+    ResolveIn,
+    RowId,
+    SubmissionOut,
+    SubmissionStatusOut,
+    SubmitIn,
+    ThreadKey,
+)
+
+router = Router(tags=["submissions"])
+IdempotencyHeader = Annotated[IdempotencyKey | None, Header(None, alias="Idempotency-Key")]
+MAX_PAYLOAD_DEPTH = 64
+
+
+def _check_text(value: Any, depth: int = 0) -> None:
+    """Refuse what the database cannot store: NUL characters, too deep nesting."""
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise InvalidPayload(f"The payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidPayload("The payload's strings may not contain NUL characters")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, depth + 1)
+            _check_text(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_text(item, depth + 1)
+
+
+def _status_out(status: services.SubmissionStatus) -> SubmissionStatusOut:
+    return SubmissionStatusOut(
+        submission_id=status.submission_id,
+        thread=status.thread,
+        sequence=status.sequence,
+        state=status.state,  # type: ignore[arg-type]
+        outcome=status.outcome,  # type: ignore[arg-type]
+        abort_requested=status.abort_requested,
+    )
+
+
+@router.post(
+    f"hosts/{{key}}/threads/{{{THREAD}:thread}}/submissions",
+    response={201: ReceiptOut, 200: ReceiptOut, **errors(400, 401, 403, 404, 409, 422)},
+    summary="Submit work to a thread",
+    operation_id="submit",
+)
+def submit(
+    request: HttpRequest,
+    key: Path[HostKey],
+    thread: Path[ThreadKey],
+    body: SubmitIn,
+    idempotency_key: IdempotencyHeader = None,
+) -> Status[ReceiptOut]:
+    """Append a submission to the thread (created on first use); 201 on admit.
+
+    Replaying an idempotency key returns the original receipt with 200; the same key with a
+    different agent or payload is 409 ``idempotency_conflict``. A key in both the body and
+    the header must match (400 ``idempotency_key_mismatch``).
+    """
+    require_repair(request)
+    key_in_body = body.idempotency_key
+    if key_in_body is not None and idempotency_key is not None and key_in_body != idempotency_key:
+        raise ApiError(
+            400,
+            "idempotency_key_mismatch",
+            "The Idempotency-Key header and the body's idempotency_key differ",
+        )
+    _check_text(body.payload)
+    host = get_host(key)
+    receipt = services.submit(
+        host=host,
+        thread=thread,
+        agent=body.agent,
+        payload=body.payload,
+        idempotency_key=key_in_body or idempotency_key,
+        version=body.version,
+    )
+    out = ReceiptOut(
+        submission_id=receipt.submission_id,
+        thread=receipt.thread,
+        sequence=receipt.sequence,
+        idempotency_key=receipt.idempotency_key,
+        created=receipt.created,
+        state=receipt.state,  # type: ignore[arg-type]
+    )
+    return Status(201 if receipt.created else 200, out)
+
+
+@router.get(
+    "submissions/{submission_id}",
+    response={200: SubmissionOut, **errors(401, 403, 404, 422)},
+    summary="One submission",
+    operation_id="get_submission",
+)
+def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionOut:
+    """A submission's state, outcome, result and timeline."""
+    row = Submission.objects.select_related("host", "thread").filter(pk=submission_id).first()
+    if row is None:
+        raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)
+    return SubmissionOut(
+        id=row.pk,
+        host=row.host.key,
+        thread=row.thread.key,
+        sequence=row.sequence,
+        agent=row.agent,
+        agent_version=row.agent_version,
+        idempotency_key=row.idempotency_key,
+        state=row.state,  # type: ignore[arg-type]
+        outcome=row.outcome,  # type: ignore[arg-type]
+        payload=row.payload,
+        result=row.result,
+        error=row.error,
+        attempts=row.attempts,
+        abort_requested_at=row.abort_requested_at,
+        approval_reason=row.approval_reason,
+        approved_at=row.approved_at,
+        lease_expires_at=row.lease_expires_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        settled_at=row.settled_at,
+    )
+
+
+@router.post(
+    "submissions/{submission_id}/abort",
+    response={200: SubmissionStatusOut, **errors(401, 403, 404, 409, 422)},
+    summary="Abort a submission",
+    operation_id="abort_submission",
+)
+def abort(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionStatusOut:
+    """End a submission ``aborted``: ready or suspended ones at once; a running one when its
+    attempt sees the intent. Settled or ``unknown`` submissions are 409."""
+    require_repair(request)
+    return _status_out(services.abort(submission_id))
+
+
+@router.post(
+    "submissions/{submission_id}/approve",
+    response={200: SubmissionStatusOut, **errors(400, 401, 403, 404, 409, 422)},
+    summary="Answer a suspended submission's approval request",
+    operation_id="approve_submission",
+)
+def approve(
+    request: HttpRequest, submission_id: Path[RowId], body: ApproveIn
+) -> SubmissionStatusOut:
+    """Approved: it runs again; rejected (``approved: false``): it settles ``failed``."""
+    require_repair(request)
+    return _status_out(services.approve(submission_id, approved=body.approved))
+
+
+@router.post(
+    "submissions/{submission_id}/resolve",
+    response={200: SubmissionStatusOut, **errors(400, 401, 403, 404, 409, 422)},
+    summary="Resolve a submission whose side effect's outcome is unknown",
+    operation_id="resolve_submission",
+)
+def resolve(
+    request: HttpRequest, submission_id: Path[RowId], body: ResolveIn
+) -> SubmissionStatusOut:
+    """``completed``, ``failed`` (settle) or ``retry`` (run again) an ``unknown`` submission."""
+    require_repair(request)
+    return _status_out(services.resolve_unknown(submission_id, outcome=body.outcome))

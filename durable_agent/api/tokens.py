@@ -1,0 +1,129 @@
+"""API token services: issue (the secret is shown once), revoke, list, authenticate.
+
+A secret is ``da_`` followed by 43 URL-safe characters (32 random bytes). Only its SHA-256
+digest is stored, so a database dump does not reveal a usable token; ``prefix`` (the first 10
+characters) lets an operator recognise a token in ``manage.py api_token list``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+
+from durable_agent import clock
+from durable_agent.errors import DurableAgentError, InvalidInput
+from durable_agent.models.tokens import MAX_TOKEN_NAME_LENGTH, ApiToken, ApiTokenScope
+
+SECRET_PREFIX = "da_"
+SHOWN_PREFIX_LENGTH = 10
+MAX_SECRET_LENGTH = 200
+# last_used_at is written at most once per this interval per token (reads stay cheap).
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+_NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TOKEN_NAME_LENGTH}}}")
+
+
+class InvalidTokenName(InvalidInput):
+    """A token name is 1-100 characters of [A-Za-z0-9_.-]."""
+
+    code = "invalid_token_name"
+
+
+class TokenNameTaken(InvalidInput):
+    """An active token already has this name; revoke it first or choose another name."""
+
+    code = "token_name_taken"
+
+
+class TokenNotFound(DurableAgentError, LookupError):
+    """No active token has this name; `manage.py api_token list` shows the names."""
+
+    code = "token_not_found"
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A new token and its secret. The secret is not stored: show it once."""
+
+    token: ApiToken
+    secret: str
+
+
+def digest(secret: str) -> str:
+    """The stored form of a secret: its SHA-256 hex digest."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def _validate_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidTokenName(name=name)
+    return name
+
+
+def _validate_scope(scope: object) -> str:
+    if scope not in ApiTokenScope.values:
+        raise InvalidInput(
+            f"A scope is one of {', '.join(ApiTokenScope.values)}, not {scope!r}", scope=scope
+        )
+    return str(scope)
+
+
+def issue_token(*, name: str, scope: str) -> IssuedToken:
+    """Create an active token called ``name`` with ``scope`` (``read`` or ``repair``).
+
+    Raises:
+        InvalidTokenName, InvalidInput (an unknown scope), TokenNameTaken.
+    """
+    name = _validate_name(name)
+    scope = _validate_scope(scope)
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    try:
+        with transaction.atomic():
+            token = ApiToken.objects.create(
+                name=name,
+                scope=scope,
+                digest=digest(secret),
+                prefix=secret[:SHOWN_PREFIX_LENGTH],
+                created_at=clock.now(),
+            )
+    except IntegrityError as exc:
+        raise TokenNameTaken(name=name) from exc
+    return IssuedToken(token=token, secret=secret)
+
+
+def revoke_token(*, name: str) -> ApiToken:
+    """Revoke the active token called ``name``; it stops working at once.
+
+    Raises:
+        TokenNotFound: no active token has this name.
+    """
+    token = ApiToken.objects.active().filter(name=name).first()
+    if token is None:
+        raise TokenNotFound(name=name)
+    token.revoked_at = clock.now()
+    ApiToken.objects.filter(pk=token.pk).update(revoked_at=token.revoked_at)
+    return token
+
+
+def list_tokens(*, include_revoked: bool = False) -> list[ApiToken]:
+    """Tokens by name (active ones only unless ``include_revoked``)."""
+    tokens = ApiToken.objects.all() if include_revoked else ApiToken.objects.active()
+    return list(tokens.order_by("name", "-created_at"))
+
+
+def authenticate_token(secret: str) -> ApiToken | None:
+    """The active token whose secret is ``secret``, else None; notes when it was used."""
+    if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isascii():
+        return None
+    token = ApiToken.objects.active().filter(digest=digest(secret)).first()
+    if token is None:
+        return None
+    now = clock.now()
+    if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token

@@ -1,0 +1,327 @@
+"""Request and response schemas of the HTTP API (``durable_agent.api``).
+
+Every schema lists its fields explicitly; none is derived from a model, so a new model field
+never leaks into the API by accident. Strings the API stores are free of NUL characters
+(PostgreSQL text cannot hold them). Datetimes in requests must carry a UTC offset.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from ninja import Field, Schema
+from pydantic import AfterValidator, AwareDatetime
+
+from durable_agent.maintenance.lane_ids import MAX_LANE_ID_LENGTH
+from durable_agent.maintenance.repairs import MAX_REASON_LENGTH
+from durable_agent.models.ledger import (
+    MAX_AGENT_NAME_LENGTH,
+    MAX_AGENT_VERSION_LENGTH,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    MAX_THREAD_KEY_LENGTH,
+)
+
+NO_NUL = r"^[^\x00]*$"
+HOST_KEY = r"^[-a-zA-Z0-9_]+$"
+LANE_ID = r"^[A-Za-z0-9_.:-]+$"
+MAX_HOST_KEY_LENGTH = 200
+MAX_PAGE_SIZE = 500
+MAX_ID = 2**63 - 1
+
+
+def _to_utc(value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError("The datetime is out of range once converted to UTC") from exc
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+HostKey = Annotated[str, Field(min_length=1, max_length=MAX_HOST_KEY_LENGTH, pattern=HOST_KEY)]
+LaneId = Annotated[str, Field(min_length=1, max_length=MAX_LANE_ID_LENGTH, pattern=LANE_ID)]
+ThreadKey = Annotated[str, Field(min_length=1, max_length=MAX_THREAD_KEY_LENGTH, pattern=NO_NUL)]
+RowId = Annotated[int, Field(ge=1, le=MAX_ID)]
+Reason = Annotated[str, Field(max_length=MAX_REASON_LENGTH, pattern=NO_NUL)]
+IdempotencyKey = Annotated[
+    str, Field(min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH, pattern=NO_NUL)
+]
+LaneStateName = Literal["idle", "pending", "parked"]
+PassPhaseName = Literal["caught-up", "actionable", "busy", "failed", "stale"]
+SubmissionStateName = Literal["ready", "running", "suspended", "unknown", "settled"]
+OutcomeName = Literal["completed", "failed", "aborted"]
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    """Every error: a stable ``code`` (docs/api.md lists them), a message, and details."""
+
+    code: str
+    message: str
+    detail: dict[str, Any]
+
+
+# -- pages and filters --------------------------------------------------------------------
+
+
+class PageQuery(Schema):
+    limit: int = Field(50, ge=1, le=MAX_PAGE_SIZE)
+    offset: int = Field(0, ge=0, le=MAX_ID)
+
+
+class HostFilterQuery(PageQuery):
+    overdue: bool | None = Field(None, description="Armed, and more than 60 s past its time.")
+    parked: bool | None = Field(None, description="Has at least one parked lane.")
+    faulted: bool | None = Field(None, description="Has at least one recovery fault.")
+    dirty: bool | None = Field(None, description="Has an unacknowledged generation.")
+
+
+# -- hosts --------------------------------------------------------------------------------
+
+
+class HostSummaryOut(Schema):
+    key: str
+    single_thread: bool
+    created_at: datetime
+    alarm: datetime | None = Field(description="The slot's time; null when disarmed.")
+    overdue: bool
+    dirty: int
+    processed: int
+    nonterminal: int
+    parked_lanes: int
+    faults: int
+    binding_retries: int
+
+
+class HostPageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[HostSummaryOut]
+
+
+class MaintenanceOut(Schema):
+    """The maintenance state row (a host without one reads dirty=1, processed=0)."""
+
+    dirty: int
+    processed: int
+    nonterminal: int
+    binding_registry_key: str | None
+    retry_generation: int | None
+    retry_not_before: datetime | None
+    retry_stalls: int | None
+    pass_lease_owner: str | None
+    pass_lease_expires_at: datetime | None
+    recovery_event_sequence: int
+    recovery_event_acknowledged: int
+
+
+class LaneOut(Schema):
+    lane: str
+    state: LaneStateName
+    due_at: datetime | None
+    not_before: datetime | None
+    stalls: int
+    revision: int
+    progress_key: str | None
+    reported: bool
+
+
+class BindingRetryOut(Schema):
+    id: int
+    thread: str
+    submission: str
+    attempts: int
+    reported_at: datetime
+    registry_key: str
+
+
+class FaultOut(Schema):
+    thread: str
+    first_failed_at: datetime
+    last_failed_at: datetime
+    retry_at: datetime
+    attempts: int
+    failure: dict[str, Any]
+
+
+class PassRecordOut(Schema):
+    id: int
+    started_at: datetime
+    finished_at: datetime | None
+    phase: PassPhaseName
+    recovered: int
+    settled: int
+    alarm: str
+    generation: int | None
+    error: str
+    deadline: datetime | None
+    lateness_ms: int | None
+
+
+class InvariantOut(Schema):
+    ok: bool
+    violations: list[str]
+
+
+class HostDetailOut(Schema):
+    key: str
+    single_thread: bool
+    created_at: datetime
+    alarm: datetime | None
+    overdue: bool
+    state: MaintenanceOut
+    invariant: InvariantOut
+    lanes: list[LaneOut]
+    binding_retries: list[BindingRetryOut]
+    faults: list[FaultOut]
+    recent_passes: list[PassRecordOut]
+
+
+class AuditOut(Schema):
+    id: int
+    action: str
+    actor: str
+    reason: str
+    old_deadline: datetime | None
+    new_deadline: datetime | None
+    generation: int
+    detail: dict[str, Any]
+    at: datetime
+
+
+class AuditPageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[AuditOut]
+
+
+# -- health -------------------------------------------------------------------------------
+
+
+class HostAuditOut(Schema):
+    host: str
+    ok: bool
+    dirty: int
+    processed: int
+    slot: datetime | None
+    earliest_due: datetime | None
+    violations: list[str]
+    overdue: bool
+    parked_lanes: list[str]
+    expired_tickets: int
+    stale_lease: bool
+    stale_binding_retries: int
+
+
+class HealthOut(Schema):
+    ok: bool = Field(description="No host violates the alarm invariant.")
+    hosts: int
+    violating: list[HostAuditOut]
+    overdue: list[str]
+    parked: dict[str, list[str]]
+    expired_tickets: int
+    stale_leases: list[str]
+
+
+# -- repairs ------------------------------------------------------------------------------
+
+
+class RearmIn(Schema):
+    at: UtcDatetime | None = Field(
+        None, description="An explicit time; omit it to recompute the slot from the lanes."
+    )
+    reason: Reason = Field(min_length=1, description="Why; kept in the audit row.")
+
+
+class RepairIn(Schema):
+    reason: Reason = Field("", description="Why; kept in the audit row.")
+
+
+class RearmOut(Schema):
+    host: str
+    alarm: datetime | None = Field(description="The slot afterwards; null when disarmed.")
+
+
+class RepairOut(Schema):
+    host: str
+    action: str
+    audit_id: int
+    alarm: datetime | None
+
+
+class PassReportOut(Schema):
+    host: str
+    phase: PassPhaseName
+    recovered: int
+    settled: int
+    nonterminal: int
+    alarm: Literal["rearmed", "cleared", ""]
+    generation: int | None
+    lateness_ms: int | None
+
+
+# -- submissions --------------------------------------------------------------------------
+
+
+class SubmitIn(Schema):
+    agent: str = Field(min_length=1, max_length=MAX_AGENT_NAME_LENGTH, pattern=NO_NUL)
+    version: str | None = Field(
+        None, min_length=1, max_length=MAX_AGENT_VERSION_LENGTH, pattern=NO_NUL
+    )
+    payload: Any = Field(None, description="Any JSON value (at most 256 KiB encoded).")
+    idempotency_key: IdempotencyKey | None = Field(
+        None, description="Or the Idempotency-Key header; replaying it returns the receipt."
+    )
+
+
+class ReceiptOut(Schema):
+    submission_id: int
+    thread: str
+    sequence: int
+    idempotency_key: str
+    created: bool
+    state: SubmissionStateName
+
+
+class SubmissionOut(Schema):
+    id: int
+    host: str
+    thread: str
+    sequence: int
+    agent: str
+    agent_version: str
+    idempotency_key: str
+    state: SubmissionStateName
+    outcome: OutcomeName | None
+    payload: Any
+    result: Any
+    error: Any
+    attempts: int
+    abort_requested_at: datetime | None
+    approval_reason: str | None
+    approved_at: datetime | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None
+
+
+class SubmissionStatusOut(Schema):
+    submission_id: int
+    thread: str
+    sequence: int
+    state: SubmissionStateName
+    outcome: OutcomeName | None
+    abort_requested: bool
+
+
+class ApproveIn(Schema):
+    approved: bool = Field(True, description="False rejects: the submission settles failed.")
+
+
+class ResolveIn(Schema):
+    outcome: Literal["completed", "failed", "retry"]

@@ -1,0 +1,177 @@
+"""The admin in a real browser: headless Chromium driven by Playwright against live_server.
+
+The live server runs in a thread of this process, so the fake clock and the scripted runtime
+the test installs are the ones its requests see. Run just these with
+``.venv/bin/pytest tests/admin/test_browser.py``; set DURABLE_AGENT_SCREENSHOTS=docs/images to
+refresh the documentation's screenshots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from durable_agent import lanes
+from durable_agent.maintenance import alarm, gate
+from durable_agent.models import AlarmAudit, DueLane, Host
+from durable_agent.testing import FakeClock, ScriptedRuntime
+from tests.admin import browser
+from tests.admin.helpers import fail_recovery, park, wait_for_binding
+from tests.factories import HostFactory, PassRecordFactory
+from tests.maintenance.helpers import caught_up
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DASHBOARD = "/admin/durable_agent/host/dashboard/"
+
+
+@pytest.fixture
+def page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    browser.require_browser()
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes
+    # between browser steps are still synchronous and safe.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with browser.chromium_page() as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def operator_login(db: None) -> tuple[str, str]:
+    user = User.objects.create_user("operator", password="operator-pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="durable_agent"))
+    return "operator", "operator-pw"
+
+
+def _fact(page: Any, slug: str) -> str:
+    return str(page.inner_text(f'[data-fact="{slug}"]'))
+
+
+def test_browser__dashboard_unpark_and_rearm_at(
+    live_server: Any,
+    page: Any,
+    operator_login: tuple[str, str],
+    clock: FakeClock,
+    runtime: ScriptedRuntime,
+    tmp_path: Path,
+) -> None:
+    host = HostFactory(key="billing-eu")
+    park(host, clock)
+    base = live_server.url
+
+    browser.log_in(page, base, *operator_login, DASHBOARD)
+    assert page.inner_text('[data-count="parked"]') == "1"
+    assert page.locator("#da-timeline svg .da-mark").count() == 1
+    page.click("#da-parked-list a:text('billing-eu')")
+
+    lane = page.locator('tr[data-lane="outbox"]')
+    assert lane.locator(".da-state").inner_text() == "parked"
+    lane.locator("button:text('Unpark…')").click()
+    assert page.locator("h1").inner_text() == "Unpark lanes"
+    assert "billing-eu: lane outbox (parked)" in page.inner_text(".da-targets")
+    page.click("input[type=submit][value='Unpark']")  # no reason yet
+    assert "This field is required." in page.inner_text("#da-confirm-form")
+    assert DueLane.objects.get(host=host, lane="outbox").state == "parked"
+    page.fill("#id_reason", "sink fixed")
+    page.click("input[type=submit][value='Unpark']")
+
+    page.wait_for_selector("ul.messagelist li.success")
+    assert "lane outbox unparked" in page.inner_text("ul.messagelist")
+    assert lane.locator(".da-state").inner_text() == "pending"
+    audit = page.locator("#da-audit tbody tr").first
+    assert audit.locator("td").all_inner_texts()[1:4] == ["unpark", "operator", "sink fixed"]
+
+    at = (clock.now() - timedelta(minutes=1)).replace(microsecond=0)
+    page.click("#da-host-actions button:text('Rearm at…')")
+    page.fill("#id_at", at.strftime("%Y-%m-%dT%H:%M:%S"))
+    page.fill("#id_reason", "fire the backlog now")
+    page.click("input[type=submit][value='Rearm']")
+
+    page.wait_for_selector("ul.messagelist li.success")
+    slot_text = at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert _fact(page, "alarm-slot") == slot_text
+    assert "slot set to " + slot_text in page.inner_text("ul.messagelist")
+    rows = page.locator("#da-audit tbody tr")
+    assert rows.count() == 2
+    assert rows.first.locator("td").all_inner_texts()[1:6] == [
+        "rearm",
+        "operator",
+        "fire the backlog now",
+        rows.first.locator("td").all_inner_texts()[4],
+        slot_text,
+    ]
+    assert alarm.scheduled(host) == at
+    assert list(AlarmAudit.objects.values_list("action", "actor").order_by("pk")) == [
+        ("unpark", "operator"),
+        ("rearm", "operator"),
+    ]
+    browser.screenshot(page, "admin-host-after-repair.png", tmp_path)
+
+
+def _busy_fleet(clock: FakeClock, runtime: ScriptedRuntime) -> Host:
+    """A handful of hosts in every state the dashboard and the host page show."""
+    for lane in ("reindex", "invoices"):
+        lanes.register(lane, lambda ctx: None)
+    late = HostFactory(key="search-indexer")
+    caught_up(late)
+    gate.schedule(late, "reindex", clock.now())
+    clock.advance(minutes=3)
+    star = HostFactory(key="billing-eu")
+    park(star, clock)
+    gate.schedule(star, "invoices", clock.now() + timedelta(minutes=4))
+    wait_for_binding(star, runtime, thread="support-42")
+    fail_recovery(star, runtime, thread="refunds-7")
+    for n, minutes in enumerate((0.5, 2, 5, 9, 14, 22, 35, 48)):
+        host = HostFactory(key=f"tenant-{n + 1:02d}", single_thread=n % 3 == 0)
+        caught_up(host)
+        gate.schedule(host, "outbox", clock.now() + timedelta(minutes=minutes))
+    alarm.rearm(star, actor="alice", reason="re-checked after the billing deploy")
+    lateness = [-20, 12, 30, 45, 60, 80, 95, 120, 160, 240, 380, 420, 700, 900, 1500, 2600]
+    lateness += [40] * 14 + [70] * 9 + [6_500, 12_000, 75_000]
+    for index, value in enumerate(lateness):
+        PassRecordFactory(
+            host=star if index % 4 == 0 else late,
+            started_at=clock.now() - timedelta(minutes=index),
+            lateness_ms=value,
+            phase="actionable" if index % 3 == 0 else "caught-up",
+            alarm="rearmed",
+        )
+    return star
+
+
+def test_browser__screenshots_of_the_dashboard_and_a_host(
+    live_server: Any,
+    page: Any,
+    operator_login: tuple[str, str],
+    clock: FakeClock,
+    runtime: ScriptedRuntime,
+    tmp_path: Path,
+) -> None:
+    star = _busy_fleet(clock, runtime)
+    base = live_server.url
+
+    browser.log_in(page, base, *operator_login, DASHBOARD)
+    assert page.locator("#da-timeline svg .da-mark").count() == 10
+    assert page.locator("#da-lateness svg .da-bar").count() == 12
+    dashboard = browser.screenshot(page, "admin-dashboard.png", tmp_path)
+
+    page.goto(f"{base}/admin/durable_agent/host/{star.pk}/change/")
+    assert page.locator("tr.da-sets-alarm").count() == 1
+    host = browser.screenshot(page, "admin-host.png", tmp_path)
+
+    page.set_viewport_size({"width": 1760, "height": 900})
+    page.goto(f"{base}/admin/durable_agent/host/")
+    changelist = browser.screenshot(page, "admin-hosts.png", tmp_path)
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    page.goto(f"{base}/admin/durable_agent/host/{star.pk}/change/")
+    page.click('tr[data-lane="outbox"] button:text("Unpark…")')
+    confirm = browser.screenshot(page, "admin-confirm-unpark.png", tmp_path)
+
+    for path in (dashboard, host, changelist, confirm):
+        assert path.stat().st_size > 10_000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

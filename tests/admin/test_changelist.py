@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from durable_agent.maintenance import gate
+from durable_agent.models import Host
+from durable_agent.testing import FakeClock, ScriptedRuntime
+from tests.admin.helpers import changelist, fail_recovery, park, wait_for_binding
+from tests.factories import HostFactory, PassRecordFactory
+from tests.maintenance.helpers import caught_up
+
+pytestmark = pytest.mark.django_db
+
+
+def _row(html: str, key: str) -> str:
+    """The changelist row of host ``key`` (its <tr> ... </tr>)."""
+    start = html.index(f">{key}</a>")
+    return html[html.rindex("<tr", 0, start) : html.index("</tr>", start)]
+
+
+def test_host_changelist__shows_generations_slot_lanes_faults_and_last_pass(
+    operator_client: Client, host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    park(host, clock)
+    wait_for_binding(host, runtime)
+    fail_recovery(host, runtime)
+    idle = HostFactory(key="idle", single_thread=True)
+
+    html = operator_client.get(changelist("host")).content.decode()
+
+    row = _row(html, host.key)
+    assert "shared" in row
+    assert "4 / 3" in row  # dirty / processed
+    assert '<td class="field-lag"><span class="da-tone-warn">1</span></td>' in row
+    assert "2030-01-01 00:02:03.100 UTC" in row  # the slot
+    assert "in 50 ms" in row
+    assert '<td class="field-parked"><span class="da-tone-bad">1</span></td>' in row
+    assert '<td class="field-faults"><span class="da-tone-bad">1</span></td>' in row
+    assert '<td class="field-binding_retries"><span class="da-tone-warn">1</span></td>' in row
+    assert '<td class="field-last_pass">actionable</td>' in row
+    idle_row = _row(html, idle.key)
+    assert "single" in idle_row
+    assert "1 / 0" in idle_row  # no state row yet: one useful pass owed
+    assert '<td class="field-slot">disarmed</td>' in idle_row
+    assert '<td class="field-last_pass">-</td>' in idle_row
+
+
+def test_host_changelist__overdue_column_and_last_pass_lateness(
+    operator_client: Client, host: Host, clock: FakeClock
+) -> None:
+    caught_up(host)
+    gate.schedule(host, "outbox", clock.now() + timedelta(seconds=10))
+    PassRecordFactory(host=host, started_at=clock.now(), lateness_ms=1500, phase="caught-up")
+    clock.advance(minutes=3)
+
+    row = _row(operator_client.get(changelist("host")).content.decode(), host.key)
+
+    assert '<span class="da-tone-bad">by 2 min 50 s</span>' in row
+    assert '<td class="field-last_pass">caught-up, 1.5 s late</td>' in row
+
+
+def _keys(client: Client, query: str) -> set[str]:
+    response = client.get(changelist("host") + query)
+    assert response.status_code == 200
+    return {host.key for host in response.context["cl"].result_list}
+
+
+def test_host_changelist__filters_and_search(
+    operator_client: Client, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    late = HostFactory(key="late")
+    caught_up(late)
+    gate.schedule(late, "outbox", clock.now())
+    clock.advance(minutes=2)  # "late" is 2 minutes overdue; the others are armed from here
+    parked = HostFactory(key="parked")
+    park(parked, clock)
+    faulted = HostFactory(key="faulted")
+    fail_recovery(faulted, runtime)
+    binding = HostFactory(key="binding")
+    wait_for_binding(binding, runtime)
+    quiet = HostFactory(key="quiet")
+    caught_up(quiet)
+    fresh = HostFactory(key="fresh")  # no state row: dirty by definition
+    everyone = {"parked", "faulted", "binding", "late", "quiet", "fresh"}
+
+    assert _keys(operator_client, "?overdue=yes") == {"late"}
+    assert _keys(operator_client, "?overdue=no") == everyone - {"late"}
+    assert _keys(operator_client, "?parked=yes") == {"parked"}
+    assert _keys(operator_client, "?parked=no") == everyone - {"parked"}
+    assert _keys(operator_client, "?faulted=yes") == {"faulted"}
+    assert _keys(operator_client, "?binding=yes") == {"binding"}
+    assert "fresh" in _keys(operator_client, "?dirty=yes")
+    assert _keys(operator_client, "?dirty=no") >= {"quiet"}
+    assert _keys(operator_client, "?dirty=yes") & _keys(operator_client, "?dirty=no") == set()
+    assert _keys(operator_client, "?q=fault") == {"faulted"}
+    assert fresh.key in _keys(operator_client, "?o=4")  # sortable by the slot annotation
+
+
+def _changelist_queries(client: Client) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(changelist("host"))
+    assert response.status_code == 200
+    return len(queries)
+
+
+def test_host_changelist__constant_queries_for_1_and_50_hosts(
+    operator_client: Client, clock: FakeClock
+) -> None:
+    def populate(host: Host) -> None:
+        caught_up(host)
+        gate.schedule(host, "outbox", clock.now() + timedelta(seconds=5))
+        PassRecordFactory(host=host, started_at=clock.now(), lateness_ms=20)
+
+    populate(HostFactory())
+    one = _changelist_queries(operator_client)
+    for _ in range(49):
+        populate(HostFactory())
+    assert Host.objects.count() == 50
+
+    fifty = _changelist_queries(operator_client)
+
+    assert one == fifty
+    assert fifty <= 8, "session, user, permissions, counts and one page query"

@@ -1,0 +1,228 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from ninja.testing import TestClient
+from pytest_django import DjangoAssertNumQueries
+
+from durable_agent.maintenance import alarm
+from durable_agent.models import Host
+from durable_agent.testing import FakeClock, ScriptedRuntime
+from tests.api.conftest import assert_error, make_user
+from tests.factories import (
+    T0,
+    AlarmAuditFactory,
+    BindingRetryFactory,
+    DueLaneFactory,
+    HostFactory,
+    MaintenanceStateFactory,
+    PassRecordFactory,
+    RecoveryFaultFactory,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(clock: FakeClock, runtime: ScriptedRuntime) -> dict[str, Host]:
+    """Four hosts, each with one condition: overdue, parked, faulted, caught up."""
+    hosts = {name: HostFactory(key=name) for name in ("a-overdue", "b-parked", "c-faulted", "d-ok")}
+    alarm.rearm(hosts["a-overdue"], at=T0 - timedelta(minutes=2), actor="test")
+    DueLaneFactory(host=hosts["b-parked"], lane="outbox", state="parked", stalls=8, due_at=None)
+    RecoveryFaultFactory(host=hosts["c-faulted"], thread="t1")
+    for name in ("b-parked", "c-faulted", "d-ok"):
+        MaintenanceStateFactory(host=hosts[name], dirty=3, processed=3)
+    return hosts
+
+
+def keys(response: Any) -> list[str]:
+    assert response.status_code == 200, response.json()
+    return [item["key"] for item in response.json()["items"]]
+
+
+def test_list_hosts__counts_and_slot(
+    client: TestClient, fleet: dict[str, Host], read_auth: dict[str, str]
+) -> None:
+    body = client.get("/hosts", headers=read_auth).json()
+    assert (body["count"], body["limit"], body["offset"]) == (4, 50, 0)
+    first = body["items"][0]
+    assert first == {
+        "key": "a-overdue",
+        "single_thread": False,
+        "created_at": first["created_at"],
+        "alarm": "2029-12-31T23:58:00Z",
+        "overdue": True,
+        "dirty": 1,
+        "processed": 0,
+        "nonterminal": 0,
+        "parked_lanes": 0,
+        "faults": 0,
+        "binding_retries": 0,
+    }
+    assert [(i["parked_lanes"], i["faults"], i["dirty"]) for i in body["items"][1:]] == [
+        (1, 0, 3),
+        (0, 1, 3),
+        (0, 0, 3),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("overdue=true", ["a-overdue"]),
+        ("overdue=false", ["b-parked", "c-faulted", "d-ok"]),
+        ("parked=true", ["b-parked"]),
+        ("faulted=true", ["c-faulted"]),
+        ("faulted=false&parked=false", ["a-overdue", "d-ok"]),
+        ("dirty=true", ["a-overdue"]),  # no state row reads dirty=1, processed=0
+        ("dirty=false&overdue=false", ["b-parked", "c-faulted", "d-ok"]),
+        ("limit=2&offset=1", ["b-parked", "c-faulted"]),
+        ("offset=9", []),
+    ],
+)
+def test_list_hosts__filters_and_pages(
+    client: TestClient,
+    fleet: dict[str, Host],
+    read_auth: dict[str, str],
+    query: str,
+    expected: list[str],
+) -> None:
+    response = client.get(f"/hosts?{query}", headers=read_auth)
+    assert keys(response) == expected
+    assert response.json()["count"] == (
+        4 if query.startswith(("limit", "offset")) else len(expected)
+    )
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=501", "offset=-1", "overdue=maybe"])
+def test_list_hosts__bad_query_is_422(
+    client: TestClient, read_auth: dict[str, str], query: str
+) -> None:
+    body = assert_error(client.get(f"/hosts?{query}", headers=read_auth), 422, "validation_error")
+    assert body["detail"]["errors"][0]["loc"][0] == "query"
+
+
+def test_list_hosts__constant_queries(
+    client: TestClient, clock: FakeClock, django_assert_num_queries: DjangoAssertNumQueries
+) -> None:
+    user = make_user("viewer")
+    for _n in range(3):
+        host = HostFactory()
+        DueLaneFactory(host=host, state="parked")
+        RecoveryFaultFactory(host=host)
+        BindingRetryFactory(host=host)
+    with django_assert_num_queries(2):  # count + page, whatever the number of hosts
+        assert len(client.get("/hosts", user=user).json()["items"]) == 3
+    HostFactory.create_batch(5)
+    with django_assert_num_queries(2):
+        assert len(client.get("/hosts", user=user).json()["items"]) == 8
+
+
+def test_get_host__everything_the_host_page_shows(
+    client: TestClient, host: Host, clock: FakeClock, read_auth: dict[str, str]
+) -> None:
+    MaintenanceStateFactory(host=host, dirty=4, processed=2, nonterminal=1)
+    DueLaneFactory(host=host, lane="outbox", state="parked", stalls=8, due_at=None, revision=9)
+    retry = BindingRetryFactory(host=host, thread="t1", submission="s1", registry_key="r0")
+    RecoveryFaultFactory(host=host, thread="t2")
+    for minute in range(12):
+        PassRecordFactory(host=host, started_at=T0 + timedelta(minutes=minute))
+
+    body = client.get(f"/hosts/{host.key}", headers=read_auth).json()
+
+    assert (body["key"], body["alarm"], body["overdue"]) == (host.key, None, False)
+    assert body["state"]["dirty"] == 4
+    assert body["state"]["processed"] == 2
+    assert body["invariant"]["ok"] is False  # dirty without an alarm
+    assert body["invariant"]["violations"][0] == "owed work without an armed alarm"
+    assert body["lanes"] == [
+        {
+            "lane": "outbox",
+            "state": "parked",
+            "due_at": None,
+            "not_before": None,
+            "stalls": 8,
+            "revision": 9,
+            "progress_key": None,
+            "reported": False,
+        }
+    ]
+    assert body["binding_retries"][0] == {
+        "id": retry.pk,
+        "thread": "t1",
+        "submission": "s1",
+        "attempts": 1,
+        "reported_at": "2030-01-01T00:00:00Z",
+        "registry_key": "r0",
+    }
+    assert [fault["thread"] for fault in body["faults"]] == ["t2"]
+    assert len(body["recent_passes"]) == 10
+    assert body["recent_passes"][0]["started_at"] == "2030-01-01T00:11:00Z"
+
+
+def test_get_host__without_a_state_row_reads_one_dirty_generation(
+    client: TestClient, host: Host, read_auth: dict[str, str]
+) -> None:
+    state = client.get(f"/hosts/{host.key}", headers=read_auth).json()["state"]
+    assert (state["dirty"], state["processed"], state["pass_lease_owner"]) == (1, 0, None)
+
+
+@pytest.mark.parametrize("path", ["/hosts/nope", "/hosts/nope/lanes", "/hosts/nope/audit"])
+def test_host_endpoints__unknown_host_is_404(
+    client: TestClient, read_auth: dict[str, str], path: str
+) -> None:
+    body = assert_error(client.get(path, headers=read_auth), 404, "host_not_found")
+    assert body["detail"] == {"host": "nope"}
+
+
+def test_host_endpoints__a_key_that_is_not_a_slug_is_422(
+    client: TestClient, read_auth: dict[str, str]
+) -> None:
+    assert_error(client.get("/hosts/a.b", headers=read_auth), 422, "validation_error")
+
+
+def test_list_lanes__by_lane_id(client: TestClient, host: Host, read_auth: dict[str, str]) -> None:
+    DueLaneFactory(host=host, lane="z-lane", state="idle", due_at=None)
+    DueLaneFactory(host=host, lane="agent:native")
+    response = client.get(f"/hosts/{host.key}/lanes", headers=read_auth)
+    assert [(lane["lane"], lane["state"]) for lane in response.json()] == [
+        ("agent:native", "pending"),
+        ("z-lane", "idle"),
+    ]
+
+
+def test_list_audit__newest_first_and_paged(
+    client: TestClient, host: Host, read_auth: dict[str, str]
+) -> None:
+    for minute in range(3):
+        AlarmAuditFactory(host=host, at=T0 + timedelta(minutes=minute), reason=f"r{minute}")
+    AlarmAuditFactory(at=T0)  # another host's
+    body = client.get(f"/hosts/{host.key}/audit?limit=2", headers=read_auth).json()
+    assert body["count"] == 3
+    assert [item["reason"] for item in body["items"]] == ["r2", "r1"]
+    body = client.get(f"/hosts/{host.key}/audit?limit=2&offset=2", headers=read_auth).json()
+    assert [item["reason"] for item in body["items"]] == ["r0"]
+
+
+def test_health__the_invariant_audit(
+    client: TestClient, fleet: dict[str, Host], read_auth: dict[str, str]
+) -> None:
+    body = client.get("/health", headers=read_auth).json()
+    assert body["ok"] is True
+    assert body["hosts"] == 4
+    assert body["overdue"] == ["a-overdue"]
+    assert body["parked"] == {"b-parked": ["outbox"]}
+    assert body["violating"] == []
+
+
+def test_health__reports_violating_hosts(
+    client: TestClient, host: Host, clock: FakeClock, read_auth: dict[str, str]
+) -> None:
+    MaintenanceStateFactory(host=host, dirty=2, processed=1)
+    body = client.get("/health", headers=read_auth).json()
+    assert body["ok"] is False
+    [violating] = body["violating"]
+    assert (violating["host"], violating["ok"], violating["slot"]) == (host.key, False, None)
+    assert violating["violations"] == ["owed work without an armed alarm"]

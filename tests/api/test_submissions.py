@@ -1,0 +1,269 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ninja.testing import TestClient
+
+from durable_agent.maintenance import alarm
+from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
+from durable_agent.testing import FakeClock
+from tests.api.conftest import assert_error
+from tests.factories import T0, SubmissionFactory, ThreadFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def make(host: Host, state: SubmissionState = SubmissionState.READY, **fields: Any) -> Submission:
+    thread = ThreadFactory(host=host, key="t")
+    if state == SubmissionState.SUSPENDED:
+        fields = {"approval_reason": "pay 10 EUR?", **fields}
+    if state == SubmissionState.SETTLED:
+        fields = {"outcome": SubmissionOutcome.COMPLETED, "settled_at": T0, **fields}
+    submission: Submission = SubmissionFactory(thread=thread, sequence=1, state=state, **fields)
+    return submission
+
+
+# -- submit ---------------------------------------------------------------------------------
+
+
+def test_submit__admits_with_201_and_arms_the_host(
+    client: TestClient, host: Host, echo: Any, repair_auth: dict[str, str]
+) -> None:
+    body = {"agent": "echo", "payload": {"n": 1}, "idempotency_key": "k1"}
+    response = client.post(
+        f"/hosts/{host.key}/threads/t1/submissions", json=body, headers=repair_auth
+    )
+    assert response.status_code == 201
+    receipt = response.json()
+    assert receipt == {
+        "submission_id": receipt["submission_id"],
+        "thread": "t1",
+        "sequence": 1,
+        "idempotency_key": "k1",
+        "created": True,
+        "state": "ready",
+    }
+    row = Submission.objects.get(pk=receipt["submission_id"])
+    assert (row.agent, row.agent_version, row.payload) == ("echo", "1", {"n": 1})
+    assert alarm.scheduled(host) is not None
+
+
+def test_submit__replaying_the_key_returns_the_receipt_with_200(
+    client: TestClient, host: Host, echo: Any, repair_auth: dict[str, str]
+) -> None:
+    path = f"/hosts/{host.key}/threads/t1/submissions"
+    body = {"agent": "echo", "payload": [1, 2]}
+    headers = {**repair_auth, "Idempotency-Key": "k1"}
+    first = client.post(path, json=body, headers=headers)
+    again = client.post(path, json={**body, "idempotency_key": "k1"}, headers=repair_auth)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == {**first.json(), "created": False}
+    assert Submission.objects.count() == 1
+
+
+def test_submit__the_same_key_with_another_payload_is_409(
+    client: TestClient, host: Host, echo: Any, repair_auth: dict[str, str]
+) -> None:
+    path = f"/hosts/{host.key}/threads/t1/submissions"
+    client.post(
+        path, json={"agent": "echo", "payload": 1, "idempotency_key": "k"}, headers=repair_auth
+    )
+    response = client.post(
+        path, json={"agent": "echo", "payload": 2, "idempotency_key": "k"}, headers=repair_auth
+    )
+    assert_error(response, 409, "idempotency_conflict")
+
+
+def test_submit__header_and_body_keys_must_agree(
+    client: TestClient, host: Host, echo: Any, repair_auth: dict[str, str]
+) -> None:
+    response = client.post(
+        f"/hosts/{host.key}/threads/t1/submissions",
+        json={"agent": "echo", "idempotency_key": "a"},
+        headers={**repair_auth, "Idempotency-Key": "b"},
+    )
+    assert_error(response, 400, "idempotency_key_mismatch")
+    assert not Submission.objects.exists()
+
+
+def test_submit__without_a_key_every_request_admits(
+    client: TestClient, host: Host, echo: Any, repair_auth: dict[str, str]
+) -> None:
+    path = f"/hosts/{host.key}/threads/a/b/c/submissions"  # thread keys may contain "/"
+    for sequence in (1, 2):
+        response = client.post(path, json={"agent": "echo"}, headers=repair_auth)
+        assert (response.status_code, response.json()["sequence"]) == (201, sequence)
+    assert response.json()["thread"] == "a/b/c"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"agent": "nobody"}, "agent_not_registered"),
+        ({"agent": "echo", "version": "9"}, "agent_not_registered"),
+        ({"agent": ""}, "validation_error"),
+        ({}, "validation_error"),
+        ({"agent": "echo", "idempotency_key": ""}, "validation_error"),
+        ({"agent": "echo", "payload": {"a": "nul\x00"}}, "invalid_payload"),
+        ({"agent": "echo", "payload": {"k\x00": 1}}, "invalid_payload"),
+        ({"agent": "echo", "payload": "x" * (256 * 1024)}, "payload_too_large"),
+    ],
+)
+def test_submit__invalid_input_is_422_and_writes_nothing(
+    client: TestClient,
+    host: Host,
+    echo: Any,
+    repair_auth: dict[str, str],
+    body: Any,
+    code: str,
+) -> None:
+    path = f"/hosts/{host.key}/threads/t1/submissions"
+    assert_error(client.post(path, json=body, headers=repair_auth), 422, code)
+    assert not Submission.objects.exists()
+
+
+def test_submit__unknown_host_is_404_and_read_scope_403(
+    client: TestClient,
+    echo: Any,
+    host: Host,
+    read_auth: dict[str, str],
+    repair_auth: dict[str, str],
+) -> None:
+    body = {"agent": "echo"}
+    response = client.post("/hosts/nope/threads/t/submissions", json=body, headers=repair_auth)
+    assert_error(response, 404, "host_not_found")
+    response = client.post(f"/hosts/{host.key}/threads/t/submissions", json=body, headers=read_auth)
+    assert_error(response, 403, "insufficient_scope")
+
+
+# -- read, abort, approve, resolve ------------------------------------------------------------
+
+
+def test_get_submission__its_state_and_timeline(
+    client: TestClient, host: Host, read_auth: dict[str, str]
+) -> None:
+    row = make(host, payload={"q": "?"}, idempotency_key="k9")
+    body = client.get(f"/submissions/{row.pk}", headers=read_auth).json()
+    assert body["id"] == row.pk
+    assert (body["host"], body["thread"], body["sequence"]) == (host.key, "t", 1)
+    assert (body["agent"], body["agent_version"], body["idempotency_key"]) == ("echo", "1", "k9")
+    assert (body["state"], body["outcome"], body["payload"]) == ("ready", None, {"q": "?"})
+    assert body["created_at"] == "2030-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(("submission_id", "status"), [("12345", 404), ("0", 422), ("x", 422)])
+def test_get_submission__unknown_or_invalid_id(
+    client: TestClient, read_auth: dict[str, str], submission_id: str, status: int
+) -> None:
+    code = "submission_not_found" if status == 404 else "validation_error"
+    assert_error(client.get(f"/submissions/{submission_id}", headers=read_auth), status, code)
+
+
+def test_abort__a_ready_submission(
+    client: TestClient, host: Host, clock: FakeClock, repair_auth: dict[str, str]
+) -> None:
+    row = make(host)
+    response = client.post(f"/submissions/{row.pk}/abort", headers=repair_auth)
+    assert response.status_code == 200
+    assert response.json() == {
+        "submission_id": row.pk,
+        "thread": "t",
+        "sequence": 1,
+        "state": "settled",
+        "outcome": "aborted",
+        "abort_requested": True,
+    }
+
+
+def test_abort__a_running_submission_records_the_intent(
+    client: TestClient, host: Host, repair_auth: dict[str, str]
+) -> None:
+    row = make(host, SubmissionState.RUNNING, lease_owner="w", lease_expires_at=T0)
+    body = client.post(f"/submissions/{row.pk}/abort", headers=repair_auth).json()
+    assert (body["state"], body["outcome"], body["abort_requested"]) == ("running", None, True)
+
+
+def test_abort__a_settled_submission_is_409(
+    client: TestClient, host: Host, repair_auth: dict[str, str]
+) -> None:
+    row = make(host, SubmissionState.SETTLED)
+    response = client.post(f"/submissions/{row.pk}/abort", headers=repair_auth)
+    body = assert_error(response, 409, "invalid_submission_state")
+    assert body["detail"]["state"] == "settled"
+
+
+def test_abort__needs_the_repair_scope_and_an_existing_submission(
+    client: TestClient, host: Host, read_auth: dict[str, str], repair_auth: dict[str, str]
+) -> None:
+    row = make(host)
+    assert_error(
+        client.post(f"/submissions/{row.pk}/abort", headers=read_auth), 403, "insufficient_scope"
+    )
+    assert_error(
+        client.post("/submissions/999/abort", headers=repair_auth), 404, "submission_not_found"
+    )
+
+
+@pytest.mark.parametrize(
+    ("approved", "state", "outcome"), [(True, "ready", None), (False, "settled", "failed")]
+)
+def test_approve__answers_a_suspended_submission(
+    client: TestClient,
+    host: Host,
+    repair_auth: dict[str, str],
+    approved: bool,
+    state: str,
+    outcome: str | None,
+) -> None:
+    row = make(host, SubmissionState.SUSPENDED)
+    response = client.post(
+        f"/submissions/{row.pk}/approve", json={"approved": approved}, headers=repair_auth
+    )
+    assert (response.json()["state"], response.json()["outcome"]) == (state, outcome)
+
+
+def test_approve__a_ready_submission_is_409(
+    client: TestClient, host: Host, repair_auth: dict[str, str]
+) -> None:
+    row = make(host)
+    response = client.post(f"/submissions/{row.pk}/approve", json={}, headers=repair_auth)
+    assert_error(response, 409, "invalid_submission_state")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state", "settled_as"),
+    [
+        ("completed", "settled", "completed"),
+        ("failed", "settled", "failed"),
+        ("retry", "ready", None),
+    ],
+)
+def test_resolve__an_unknown_submission(
+    client: TestClient,
+    host: Host,
+    repair_auth: dict[str, str],
+    outcome: str,
+    state: str,
+    settled_as: str | None,
+) -> None:
+    row = make(host, SubmissionState.UNKNOWN)
+    response = client.post(
+        f"/submissions/{row.pk}/resolve", json={"outcome": outcome}, headers=repair_auth
+    )
+    assert (response.json()["state"], response.json()["outcome"]) == (state, settled_as)
+
+
+def test_resolve__an_invalid_outcome_is_422_and_a_ready_submission_409(
+    client: TestClient, host: Host, repair_auth: dict[str, str]
+) -> None:
+    row = make(host)
+    path = f"/submissions/{row.pk}/resolve"
+    assert_error(
+        client.post(path, json={"outcome": "maybe"}, headers=repair_auth), 422, "validation_error"
+    )
+    assert_error(
+        client.post(path, json={"outcome": "retry"}, headers=repair_auth),
+        409,
+        "invalid_submission_state",
+    )
