@@ -126,12 +126,13 @@ def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen
         "Q_WORKERS": str(workers),
         "Q_BROKER_CLASS": "durable_agent.broker.AlarmBroker" if fast else "",
     }
+    log = open(ROOT / "bench" / "qcluster.log", "a")  # noqa: SIM115  (closed below)
     process = subprocess.Popen(
         [sys.executable, "manage.py", "qcluster"],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         text=True,
     )
     try:
@@ -143,6 +144,7 @@ def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        log.close()
 
 
 def wait_for(predicate: Any, *, timeout: float, interval: float = 0.1) -> bool:

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ("durable_agent", "0004_initial"),
+        ("durable_agent", "0002_ledger"),
     ]
 
     operations = [
