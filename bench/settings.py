@@ -29,4 +29,4 @@ LOGGING = {
 
 if os.environ.get("DA_SOAK"):
     # The soak kills work on purpose: short leases let it recover within the run.
-    DURABLE_AGENT = {"PASS_LEASE_TTL_MS": 5_000}
+    DURABLE_AGENT = {"PASS_LEASE_TTL_MS": 5_000, "SWEEP_INTERVAL_MS": 5_000}

@@ -32,7 +32,6 @@ from django_q.scheduler import scheduler
 logger = logging.getLogger("durable_agent.broker")
 
 PROBE_INTERVAL = 0.1
-SWEEP_INTERVAL = 60.0
 
 
 def due_schedules_exist(now: Any = None) -> bool:
@@ -53,7 +52,7 @@ class AlarmBroker(ORM):  # type: ignore[misc]
     def __init__(self, list_key: str | None = None) -> None:
         super().__init__(list_key=list_key)
         self._next_probe = 0.0
-        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+        self._next_sweep = 0.0  # once at start: a restarted cluster re-arms lost alarms first
 
     def dequeue(self) -> Any:
         self.fire_due_alarms()
@@ -61,12 +60,15 @@ class AlarmBroker(ORM):  # type: ignore[misc]
         return super().dequeue()
 
     def sweep_if_due(self) -> bool:
-        """Run the backstop sweep (``durable_agent.tasks.sweep``) once a minute."""
+        """Run the backstop sweep (``durable_agent.tasks.sweep``) when the cluster starts and then
+        every ``SWEEP_INTERVAL_MS`` (a minute by default)."""
         now = time.monotonic()
         if now < self._next_sweep:
             return False
-        self._next_sweep = now + SWEEP_INTERVAL
+        from durable_agent import conf
         from durable_agent.tasks import sweep
+
+        self._next_sweep = now + int(conf.get("SWEEP_INTERVAL_MS")) / 1000
 
         try:
             sweep()

@@ -100,6 +100,14 @@ SETTINGS: tuple[Setting, ...] = (
         "How often a running attempt renews its lease (keep it well below the TTL).",
     ),
     Setting(
+        "SWEEP_INTERVAL_MS",
+        60_000,
+        int,
+        1_000,
+        3_600_000,
+        "How often AlarmBroker runs the backstop sweep (also once when a cluster starts).",
+    ),
+    Setting(
         "PASS_WORKERS",
         2,
         int,
