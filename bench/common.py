@@ -134,6 +134,7 @@ def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen
         stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # its own process group: a hung stop is killed whole
     )
     try:
         yield process
@@ -142,7 +143,7 @@ def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
 
