@@ -1,8 +1,13 @@
-"""End to end: submissions settle through ``maintenance.run_pass`` and the alarm."""
+"""End to end: submissions settle through alarm-driven passes alone.
+
+Every ``drain`` fires the alarms through django-q's own scheduler and the tasks it enqueues
+(``tests.qdrive``), never ``run_pass`` directly; hence ``transaction=True``.
+"""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,10 +18,21 @@ from durable_agent.agents.context import AgentContext
 from durable_agent.maintenance import alarm, ensure_alarm, run_pass
 from durable_agent.models import BindingRetry, Host, Submission, SubmissionState
 from durable_agent.testing import FakeClock
-from tests.agents.conftest import drain, generation
+from tests.agents.conftest import generation
 from tests.factories import T0
+from tests.qdrive import drain_alarms
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain(host: Host, clock: FakeClock, limit: int = 30) -> list[Any]:
+    """Let django-q's scheduler fire the alarms (at each slot's time) until none is armed."""
+    results = drain_alarms(clock, limit=limit * 4)
+    return [
+        SimpleNamespace(**{"settled": 0, "recovered": 0, "alarm": "", **result})
+        for result in results
+        if result.get("host") == host.key
+    ]
 
 
 def submit(host: Host, thread: str, payload: Any = None, agent: str = "echo") -> int:
