@@ -92,13 +92,19 @@ def test_live_cluster__a_slot_armed_one_second_ahead_fires_its_pass() -> None:
     )
     try:
         record = None
-        give_up = time.monotonic() + 20
-        while record is None and time.monotonic() < give_up and cluster.poll() is None:
-            record = PassRecord.objects.filter(host=host).first()
-            if record is None:
-                time.sleep(0.05)  # polling an observable condition
+        give_up = time.monotonic() + 30
+        while time.monotonic() < give_up and cluster.poll() is None:
+            # The pass that ran the due lane (a slow pass may also see a "busy" re-delivery).
+            record = (
+                PassRecord.objects.filter(host=host, deadline=deadline)
+                .exclude(phase__in=["busy", "stale"])
+                .first()
+            )
+            if record is not None and alarm.scheduled(host) is None:
+                break
+            time.sleep(0.05)  # polling an observable condition
         assert record is not None, "the pass did not run"
-        assert record.deadline == deadline
+        assert record.phase in ("caught-up", "actionable")
         assert record.lateness_ms is not None
         assert record.lateness_ms < 5_000  # well inside the stock scheduler's 30 s scan
         assert alarm.scheduled(host) is None
