@@ -1,8 +1,8 @@
 """Shared helpers for the benchmark scripts (PostgreSQL only).
 
 Every script: ``python -m bench.<name>``. The database named by ``BENCH_DATABASE_URL``
-(default ``postgres://postgres@127.0.0.1:5432/durable_agent_bench``) is created if missing,
-migrated, and wiped of durable_agent and django-q rows before each scenario.
+(default ``postgres://postgres@127.0.0.1:5432/durable_agent_bench``) is dropped and created
+afresh, migrated, and wiped of durable_agent and django-q rows before each scenario.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ os.environ.setdefault("DJANGO_DEBUG", "0")
 
 
 def setup() -> None:
-    """Create the database if needed, set Django up and migrate."""
+    """Create the database afresh, set Django up and migrate."""
     import dj_database_url
     import psycopg
 
@@ -40,12 +40,9 @@ def setup() -> None:
         dbname="postgres",
         autocommit=True,
     )
-    with admin:
-        exists = admin.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (config["NAME"],)
-        ).fetchone()
-        if not exists:
-            admin.execute(f'CREATE DATABASE "{config["NAME"]}"')
+    with admin:  # a fresh database every run: nothing left over from an older schema
+        admin.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{config["NAME"]}"')
     import django
 
     django.setup()
