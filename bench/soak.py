@@ -39,7 +39,8 @@ django.setup()
 import durable_agent
 from django.db import DatabaseError, InterfaceError, connections
 from durable_agent.errors import AlarmError
-seed, until, hosts = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+seed, until = int(sys.argv[1]), float(sys.argv[2])
+hosts, rate = int(sys.argv[3]), float(sys.argv[4])
 rng = random.Random(seed)
 accepted = 0
 n = 0
@@ -58,7 +59,7 @@ while time.time() < until:
         except (DatabaseError, InterfaceError, AlarmError):
             connections.close_all()  # a terminated connection: retry the same key
             time.sleep(0.05)
-    time.sleep(rng.uniform(0.005, 0.03))
+    time.sleep(rng.uniform(0.5, 1.5) / rate)  # about `rate` submissions per second
 print(accepted)
 """
 
@@ -110,7 +111,10 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--clusters", type=int, default=3)
     parser.add_argument("--producers", type=int, default=3)
-    parser.add_argument("--settle-timeout", type=float, default=240)
+    parser.add_argument(
+        "--rate", type=float, default=2.0, help="submissions per second per producer"
+    )
+    parser.add_argument("--settle-timeout", type=float, default=420)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -135,7 +139,15 @@ def main() -> int:
     clusters = [start_cluster(i) for i in range(args.clusters)]
     producers = [
         subprocess.Popen(
-            [sys.executable, "-c", PRODUCER, str(args.seed * 100 + i), str(until), str(args.hosts)],
+            [
+                sys.executable,
+                "-c",
+                PRODUCER,
+                str(args.seed * 100 + i),
+                str(until),
+                str(args.hosts),
+                str(args.rate),
+            ],
             cwd=ROOT,
             env={**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings"},
             stdout=subprocess.PIPE,
@@ -170,8 +182,13 @@ def main() -> int:
             accepted += int(out.decode().strip().splitlines()[-1])
         connections.close_all()
         give_up = time.time() + args.settle_timeout
+        registry_key = get_runtime().binding_registry_key()
         while time.time() < give_up:
-            if not Submission.objects.exclude(state="settled").exists():
+            # Settled, and every host's alarm quiet (checked while the clusters still run).
+            if (
+                not Submission.objects.exclude(state="settled").exists()
+                and audit_all(registry_key=registry_key).ok
+            ):
                 break
             for i, cluster in enumerate(clusters):  # a cluster that died on its own restarts
                 if cluster.poll() is not None:
