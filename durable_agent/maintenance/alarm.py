@@ -119,6 +119,14 @@ def retry_deadline(state: MaintenanceState) -> datetime | None:
     return None
 
 
+def clear_retry(state: MaintenanceState) -> None:
+    """Drop the durable native backoff (all four fields together)."""
+    state.retry_generation = None
+    state.retry_not_before = None
+    state.retry_native_only = None
+    state.retry_stalls = None
+
+
 def computed_deadline(state: MaintenanceState, queue: DueQueue, now: datetime) -> datetime | None:
     """Recompute the slot from the state and the lanes (the ``ensure_alarm`` rule).
 

@@ -35,7 +35,7 @@ from django.db import transaction as db_transaction
 from durable_agent import clock, conf
 from durable_agent.errors import AlarmError, GateMisuse, InvalidInput
 from durable_agent.maintenance import failpoints, registry
-from durable_agent.maintenance.alarm import Checkpoint
+from durable_agent.maintenance.alarm import Checkpoint, clear_retry
 from durable_agent.maintenance.due_queue import DueQueue, validate_cursor, validate_deadline
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
 from durable_agent.maintenance.transactions import (
@@ -185,7 +185,7 @@ def _replay(op: _Op, state: MaintenanceState, queue: DueQueue, checkpoint: Check
         elif queue.progress(op.lane, op.due_at, op.cursor) and op.lane in (NATIVE, PUBLICATION):
             if op.lane == PUBLICATION:
                 queue.dirty(NATIVE, op.due_at, progress=True)
-            _clear_retry(state)
+            clear_retry(state)
             state.dirty += 1
         earliest = queue.next()
         if earliest is not None:
@@ -194,16 +194,9 @@ def _replay(op: _Op, state: MaintenanceState, queue: DueQueue, checkpoint: Check
     for lane in sorted(op.lanes):
         queue.dirty(lane, op.now, progress=True)
     if NATIVE in op.lanes and (not op.native_source or state.retry_generation is not None):
-        _clear_retry(state)
+        clear_retry(state)
         state.dirty += 0 if op.native_source else 1
     checkpoint.earlier(op.now + delay)
-
-
-def _clear_retry(state: MaintenanceState) -> None:
-    state.retry_generation = None
-    state.retry_not_before = None
-    state.retry_native_only = None
-    state.retry_stalls = None
 
 
 def _flush(frame: _Frame) -> None:

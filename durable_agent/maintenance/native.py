@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from durable_agent import clock, conf
 from durable_agent.errors import BindingUnavailable
 from durable_agent.maintenance import backoff, failpoints, gate
-from durable_agent.maintenance.alarm import Checkpoint
+from durable_agent.maintenance.alarm import Checkpoint, clear_retry
 from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.recovery import (
     NativeRecovery,
@@ -397,7 +397,7 @@ class NativeStep:
             if not (autonomous or overlap):
                 state.processed = max(state.processed, generation)
             can_backoff = not overlap and state.dirty == started.generation
-            _clear_retry(state)
+            clear_retry(state)
             state.nonterminal = len(remaining)
             BindingRetry.objects.filter(host_id=state.host_id).exclude(
                 submission__in=remaining_ids
@@ -428,10 +428,3 @@ def _min_delay() -> timedelta:
 
 def _live_tickets(host_id: int, now: datetime) -> int:
     return MutationTicket.objects.filter(host_id=host_id).live(now=now).count()
-
-
-def _clear_retry(state: MaintenanceState) -> None:
-    state.retry_generation = None
-    state.retry_not_before = None
-    state.retry_native_only = None
-    state.retry_stalls = None

@@ -19,7 +19,7 @@ from typing import Any
 from durable_agent import clock, conf
 from durable_agent.errors import AlarmError
 from durable_agent.maintenance import backoff, failpoints, lane_registry, lease
-from durable_agent.maintenance.alarm import Checkpoint, retry_deadline
+from durable_agent.maintenance.alarm import Checkpoint, clear_retry, retry_deadline
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
 from durable_agent.maintenance.lane_ids import (
     FRAMEWORK_LANES,
@@ -86,7 +86,7 @@ def read_current_state(state: MaintenanceState, queue: DueQueue, runtime: Runtim
     if state.binding_registry_key == key:
         return
     state.binding_registry_key = key
-    _clear_retry(state)
+    clear_retry(state)
     BindingRetry.objects.filter(host_id=state.host_id).delete()
     state.dirty += 1
     queue.dirty(NATIVE, EPOCH, progress=True)
@@ -584,10 +584,3 @@ def rearm_failure(host: Host, observed: Observation) -> None:
 
     run_alarm_transaction(host, "back off failed maintenance", fn)
     failpoints.hit("maintenance:retry:after")
-
-
-def _clear_retry(state: MaintenanceState) -> None:
-    state.retry_generation = None
-    state.retry_not_before = None
-    state.retry_native_only = None
-    state.retry_stalls = None

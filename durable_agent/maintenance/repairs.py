@@ -91,6 +91,15 @@ def _arm(queue: DueQueue, checkpoint: Checkpoint, now: datetime) -> None:
         checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
 
 
+def _native_opportunity(
+    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, now: datetime
+) -> None:
+    """Released native work: advance the generation, enroll the native lane, arm the slot."""
+    state.dirty += 1
+    queue.dirty(NATIVE, now, progress=True)
+    _arm(queue, checkpoint, now)
+
+
 def _run(host: Host | str | int, operation: str, fn: Any) -> RepairResult:
     result: RepairResult = run_alarm_transaction(host, operation, fn)
     return result
@@ -146,9 +155,7 @@ def binding_retry_now(
             "registry_key": retry.registry_key,
         }
         retry.delete()
-        state.dirty += 1
-        queue.dirty(NATIVE, now, progress=True)
-        _arm(queue, checkpoint, now)
+        _native_opportunity(state, queue, checkpoint, now)
         audit = _audit(
             state,
             checkpoint,
@@ -184,9 +191,7 @@ def fault_retry_now(
         }
         fault.retry_at = now
         fault.save(update_fields=["retry_at"])
-        state.dirty += 1
-        queue.dirty(NATIVE, now, progress=True)
-        _arm(queue, checkpoint, now)
+        _native_opportunity(state, queue, checkpoint, now)
         audit = _audit(
             state,
             checkpoint,

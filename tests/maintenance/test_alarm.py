@@ -14,6 +14,7 @@ from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.models import AlarmAudit, DueLane, Host, MaintenanceState
 from durable_agent.testing import FakeClock
 from tests.factories import HostFactory
+from tests.maintenance.helpers import caught_up
 
 pytestmark = pytest.mark.django_db
 S = timedelta(seconds=1)
@@ -24,17 +25,6 @@ def set_slot(host: Host, op: str, when: datetime | None = None) -> None:
         getattr(checkpoint, op)(*(() if when is None else (when,)))
 
     run_alarm_transaction(host, f"test {op}", fn)
-
-
-def caught_up(host: Host) -> None:
-    """Acknowledge everything and idle the native lane, as a finished pass would."""
-
-    def fn(state, queue, checkpoint):
-        state.processed = state.dirty
-        queue.checkpoint_native(None)
-        checkpoint.cancel()
-
-    run_alarm_transaction(host, "test caught up", fn)
 
 
 def test_at__creates_one_armed_once_schedule(host: Host, clock: FakeClock) -> None:

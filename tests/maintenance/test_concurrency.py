@@ -11,24 +11,16 @@ import pytest
 from django.db import connections
 from django_q.models import Schedule
 
-from durable_agent.maintenance import alarm, gate, run_alarm_transaction
+from durable_agent.maintenance import alarm, gate
 from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket
 from durable_agent.testing import FakeClock
+from tests.maintenance.helpers import caught_up
 from tests.procs import run_python
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 THREADS = 8
 PER_THREAD = 12
 S = timedelta(seconds=1)
-
-
-def caught_up(host: Host) -> None:
-    def fn(state, queue, checkpoint):
-        state.processed = state.dirty
-        queue.checkpoint_native(None)
-        checkpoint.cancel()
-
-    run_alarm_transaction(host, "test caught up", fn)
 
 
 def run_threads(work: Callable[[int], None], count: int = THREADS) -> None:

@@ -20,19 +20,11 @@ from durable_agent.maintenance.failpoints import FailpointError
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
 from durable_agent.models import AlarmAudit, DueLane, Host, MaintenanceState, MutationTicket
 from durable_agent.testing import FakeClock
+from tests.maintenance.helpers import caught_up
 
 pytestmark = pytest.mark.django_db
 S = timedelta(seconds=1)
 MIN = timedelta(milliseconds=50)
-
-
-def caught_up(host: Host) -> None:
-    def fn(state, queue, checkpoint):
-        state.processed = state.dirty
-        queue.checkpoint_native(None)
-        checkpoint.cancel()
-
-    run_alarm_transaction(host, "test caught up", fn)
 
 
 def state(host: Host) -> MaintenanceState:
