@@ -14,7 +14,8 @@ DATABASES = {
             os.environ.get(
                 "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
             ),
-            conn_max_age=0,
+            conn_max_age=600,
+            conn_health_checks=True,
         )
     )
 }

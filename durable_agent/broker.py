@@ -12,7 +12,9 @@ Enable it in settings::
     Q_CLUSTER = {..., "orm": "default", "poll": 0.05,
                  "broker_class": "durable_agent.broker.AlarmBroker"}
 
-Cost: one indexed ``EXISTS`` query per probe interval per cluster (10 queries/s at 0.1 s),
+Cost: one index probe (the earliest armed ``next_run``) per probe interval per cluster (10
+queries/s at 0.1 s); a slot due before the next probe is waited for and fired on time (Note
+[Wake at the deadline]),
 plus the backstop sweep (``durable_agent.tasks.sweep``, three indexed queries) once a minute.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
@@ -34,14 +37,35 @@ logger = logging.getLogger("durable_agent.broker")
 PROBE_INTERVAL = 0.1
 
 
-def due_schedules_exist(now: Any = None) -> bool:
-    """Is any armed schedule this cluster runs due? (The scheduler's own filter.)"""
-    now = now or timezone.now()
+def _mine() -> Q:
+    """The schedules this cluster runs (django-q's scheduler's own filter)."""
     mine = Q(cluster=Conf.CLUSTER_NAME)
     if Conf.CLUSTER_NAME == Conf.PREFIX:
         mine |= Q(cluster__isnull=True)
-    due: bool = Schedule.objects.filter(mine, next_run__lt=now).exclude(repeats=0).exists()
+    return mine
+
+
+def due_schedules_exist(now: Any = None) -> bool:
+    """Is any armed schedule this cluster runs due? (The scheduler's own filter.)"""
+    now = now or timezone.now()
+    due: bool = Schedule.objects.filter(_mine(), next_run__lt=now).exclude(repeats=0).exists()
     return due
+
+
+def next_armed_run() -> datetime | None:
+    """The earliest ``next_run`` of an armed schedule this cluster runs, or None.
+
+    The first entry of the partial index ``da_schedule_armed_next_run``: one index probe,
+    whatever the number of armed hosts.
+    """
+    first: datetime | None = (
+        Schedule.objects.filter(_mine())
+        .exclude(repeats=0)
+        .order_by("next_run")
+        .values_list("next_run", flat=True)
+        .first()
+    )
+    return first
 
 
 class AlarmBroker(ORM):  # type: ignore[misc]
@@ -78,15 +102,32 @@ class AlarmBroker(ORM):  # type: ignore[misc]
         return True
 
     def fire_due_alarms(self) -> bool:
-        """Probe (rate-limited) and run the scheduler when a slot is due; True if it ran."""
+        """Probe (rate-limited) and run the scheduler when a slot is due; True if it ran.
+
+        Note [Wake at the deadline]
+            The probe reads the earliest armed ``next_run``. A slot due before the next probe
+            is waited for here, to the millisecond, and fired at once, so an alarm armed more
+            than one probe interval ahead fires within milliseconds of its deadline; one armed
+            closer than that fires at the next probe (at most ``probe_interval`` late). The
+            wait never exceeds one probe interval, so the pusher's dequeue is delayed no more
+            than by one ordinary poll. After a firing the next dequeue probes again at once, so
+            alarms due close together each fire on time instead of one probe interval apart.
+        """
         now = time.monotonic()
         if now < self._next_probe:
             return False
         self._next_probe = now + self.probe_interval
         try:
-            if not due_schedules_exist():
+            first = next_armed_run()
+            if first is None:
                 return False
+            wait = (first - timezone.now()).total_seconds()
+            if wait >= self.probe_interval:
+                return False
+            if wait >= 0:  # django-q fires ``next_run < now``: wake just past the deadline
+                time.sleep(wait + 0.001)
             scheduler(broker=self)
+            self._next_probe = 0.0  # while slots keep coming due, look again at once
         except Exception:  # the stock 30 s scan remains the backstop
             logger.exception("Firing due alarm slots failed")
             return False

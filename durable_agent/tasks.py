@@ -24,10 +24,11 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
         from durable_agent import clock
 
         when = clock.now()
-    if not Host.objects.filter(pk=host_id).exists():
+    host = Host.objects.filter(pk=host_id).first()
+    if host is None:
         logger.warning("Alarm fired for host %s, which no longer exists", host_id)
         return {"host": None, "phase": "stale"}
-    return run_pass(host_id, deadline=when, guard=True).as_dict()
+    return run_pass(host, deadline=when, guard=True).as_dict()
 
 
 def sweep() -> dict[str, int]:

@@ -63,7 +63,10 @@ WSGI_APPLICATION = "project.wsgi.application"
 def _database() -> dict[str, Any]:
     url = os.environ.get("DATABASE_URL")
     if url:
-        return dict(dj_database_url.parse(url, conn_max_age=0))
+        # Persistent connections: django-q's pusher, monitor and workers call
+        # close_old_connections() around every task, which with CONN_MAX_AGE=0 means a new
+        # PostgreSQL connection per dequeue and per task (the largest cost in bench/throughput).
+        return dict(dj_database_url.parse(url, conn_max_age=600, conn_health_checks=True))
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
@@ -98,6 +101,9 @@ Q_CLUSTER = {
     "broker_class": os.environ.get("Q_BROKER_CLASS", "durable_agent.broker.AlarmBroker"),
     "catch_up": False,
     "ack_failures": True,
+    # PassRecord is the pass history; keeping django-q's Success rows as well costs the
+    # monitor a locked scan of up to 250 rows per task (see docs/deployment.md).
+    "save_limit": -1,
     "max_attempts": 0,
     "label": "Django Q2",
 }

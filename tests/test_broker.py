@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
-from durable_agent.broker import AlarmBroker, due_schedules_exist
+from durable_agent.broker import AlarmBroker, due_schedules_exist, next_armed_run
 from durable_agent.maintenance import alarm, gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE
 from durable_agent.models import Host, PassRecord
@@ -48,6 +48,33 @@ def test_probe__runs_the_scheduler_only_when_a_slot_is_due(db: None) -> None:
         assert alarm.scheduled(host) is None
 
 
+def test_probe__a_slot_due_before_the_next_probe_is_waited_for_and_fired(db: None) -> None:
+    host = Host.objects.create(key="soon")
+    caught_up(host)
+    broker = AlarmBroker()
+    broker.probe_interval = 5.0  # a long interval: the wait must come from the slot's time
+    deadline = timezone.now() + timedelta(milliseconds=200)
+    gate.schedule(host, LIFECYCLE, deadline)
+    assert next_armed_run() == deadline
+    assert not due_schedules_exist()
+    assert broker.fire_due_alarms() is True
+    assert timezone.now() > deadline  # it fired after the deadline, not before
+    assert OrmQ.objects.count() == 1
+    assert Schedule.objects.get().repeats == 0
+
+
+def test_probe__a_slot_due_after_the_next_probe_is_left_for_it(db: None) -> None:
+    host = Host.objects.create(key="later")
+    caught_up(host)
+    gate.schedule(host, LIFECYCLE, timezone.now() + timedelta(seconds=5))
+    broker = AlarmBroker()
+    before = time.monotonic()
+    assert broker.fire_due_alarms() is False
+    assert time.monotonic() - before < 1  # no waiting for a slot past the probe interval
+    assert OrmQ.objects.count() == 0
+    assert next_armed_run() is not None
+
+
 @pytest.mark.postgres
 def test_index__probe_and_scheduler_scan_use_the_partial_index(clock: FakeClock) -> None:
     far = timezone.now() + timedelta(days=1)
@@ -65,7 +92,8 @@ def test_index__probe_and_scheduler_scan_use_the_partial_index(clock: FakeClock)
         .filter(next_run__lt=now)
         .filter(cluster__isnull=True)
     )
-    for query in (probe, scan):
+    earliest = Schedule.objects.exclude(repeats=0).order_by("next_run")[:1]
+    for query in (probe, scan, earliest):
         with transaction.atomic(), connection.cursor() as cursor:
             sql, params = query.query.sql_with_params()
             cursor.execute("EXPLAIN " + sql, params)

@@ -9,7 +9,9 @@ Note [Charge before fallible work]
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,10 +50,22 @@ class Observation:
 
 
 class Executor:
-    """Runs attempts and waves: inline with one worker, else in a small thread pool."""
+    """Runs one pass's attempts and waves: inline with one worker, else on a thread pool.
+
+    Note [One pool per calling thread]
+        The pool outlives the pass: it belongs to the thread that runs passes (a django-q
+        worker's main thread, a test's thread), so its threads and their database connections
+        are reused from pass to pass instead of opened per wave (a new PostgreSQL connection
+        costs more than a whole caught-up pass). A pool thread keeps its connection as
+        ``CONN_MAX_AGE`` allows, like any request thread. Concurrent passes in other threads
+        get their own pools, so one pass's waves never queue behind another's. A pass that
+        leaves work running on the pool (an overrun wave) retires it: the next pass gets fresh
+        threads, and the retired ones close their connections when their work returns.
+    """
 
     def __init__(self, workers: int) -> None:
-        self._pool = ThreadPoolExecutor(workers, "da-pass") if workers > 1 else None
+        self._pool = _thread_pool(workers) if workers > 1 else None
+        self._futures: list[Future[Any]] = []
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         if self._pool is None:
@@ -61,18 +75,86 @@ class Executor:
             except BaseException as exc:  # delivered through the future, like a thread's
                 future.set_exception(exc)
             return future
+        pool = self._pool
 
         def run() -> T:
             try:
                 return fn()
             finally:
-                connections.close_all()
+                _release_connections(retired=pool.retired)
 
-        return self._pool.submit(run)
+        submitted = pool.executor.submit(run)
+        self._futures.append(submitted)
+        return submitted
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Cancel this pass's queued work; retire the pool if any of it is still running."""
+        if self._pool is None:
+            return
+        running = [f for f in self._futures if not f.cancel() and not f.done()]
+        if running:
+            _retire(self._pool)
+
+
+@dataclass
+class _Pool:
+    executor: ThreadPoolExecutor
+    workers: int
+    pid: int
+    retired: threading.Event = field(default_factory=threading.Event)
+
+
+_pools = threading.local()
+
+
+def _thread_pool(workers: int) -> _Pool:
+    """The calling thread's pool of ``workers`` threads (see Note [One pool per calling
+    thread]); a new one after a fork, a retirement or a change of ``PASS_WORKERS``."""
+    pool: _Pool | None = getattr(_pools, "pool", None)
+    if pool is None or pool.retired.is_set() or pool.workers != workers or pool.pid != os.getpid():
+        pool = _Pool(ThreadPoolExecutor(workers, "da-pass"), workers, os.getpid())
+        _pools.pool = pool
+    return pool
+
+
+def _retire(pool: _Pool) -> None:
+    pool.retired.set()
+    pool.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _release_connections(*, retired: threading.Event) -> None:
+    """After a pool thread's work: close its connections when its pool is retired, else only
+    those that are broken or past ``CONN_MAX_AGE`` (Django's own request-end rule)."""
+    if retired.is_set():
+        connections.close_all()
+        return
+    for connection in connections.all(initialized_only=True):
+        connection.close_if_unusable_or_obsolete()
+
+
+def close_thread_pool() -> None:
+    """Stop the calling thread's pool and close its threads' database connections.
+
+    For the end of a process or a test session (a connection left open blocks dropping the
+    test database); passes never need it.
+    """
+    pool: _Pool | None = getattr(_pools, "pool", None)
+    if pool is None:
+        return
+    _pools.pool = None
+    if not pool.retired.is_set() and pool.pid == os.getpid():
+        pool.retired.set()
+        barrier = threading.Barrier(pool.workers)
+
+        def close() -> None:  # one per thread: each waits until every thread holds one
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+            connections.close_all()
+
+        for _ in range(pool.workers):
+            pool.executor.submit(close)
+    pool.retired.set()
+    pool.executor.shutdown(wait=True)
 
 
 def validate_lanes(rows: list[Lane]) -> None:
