@@ -57,7 +57,7 @@ def main() -> None:
     from django_q.models import OrmQ, Schedule
     from django_q.scheduler import scheduler
 
-    from durable_agent.broker import due_schedules_exist
+    from durable_agent.broker import next_armed_run
 
     rows = []
     for armed in args.armed:
@@ -74,8 +74,10 @@ def main() -> None:
             )
             OrmQ.objects.all().delete()
             started = time.perf_counter()
-            assert due_schedules_exist()
+            first = next_armed_run()
             probes.append((time.perf_counter() - started) * 1000)
+            assert first is not None
+            assert first <= timezone.now()
             started = time.perf_counter()
             scheduler(broker=broker)
             scans.append((time.perf_counter() - started) * 1000)

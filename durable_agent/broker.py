@@ -45,13 +45,6 @@ def _mine() -> Q:
     return mine
 
 
-def due_schedules_exist(now: Any = None) -> bool:
-    """Is any armed schedule this cluster runs due? (The scheduler's own filter.)"""
-    now = now or timezone.now()
-    due: bool = Schedule.objects.filter(_mine(), next_run__lt=now).exclude(repeats=0).exists()
-    return due
-
-
 def next_armed_run() -> datetime | None:
     """The earliest ``next_run`` of an armed schedule this cluster runs, or None.
 
