@@ -15,11 +15,15 @@ DATABASES = {
                 "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
             ),
             conn_max_age=600,
-            conn_health_checks=True,
+            conn_health_checks=os.environ.get("BENCH_HEALTH_CHECKS", "1") == "1",
         )
     )
 }
-Q_CLUSTER = {**Q_CLUSTER, "workers": int(os.environ.get("Q_WORKERS", "2"))}
+Q_CLUSTER = {
+    **Q_CLUSTER,
+    "workers": int(os.environ.get("Q_WORKERS", "2")),
+    "bulk": int(os.environ.get("Q_BULK", "1")),
+}
 DEBUG = False
 LOGGING = {
     "version": 1,
