@@ -22,7 +22,7 @@ DATABASES = {
 Q_CLUSTER = {
     **Q_CLUSTER,
     "workers": int(os.environ.get("Q_WORKERS", "2")),
-    "bulk": int(os.environ.get("Q_BULK", "1")),
+    "bulk": int(os.environ.get("Q_BULK", Q_CLUSTER["bulk"])),
 }
 DEBUG = False
 LOGGING = {

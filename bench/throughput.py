@@ -3,8 +3,9 @@
     python -m bench.throughput [--hosts 1000] [--scenarios wave idle] [--repeat 3]
 
 Each scenario runs ``--repeat`` times; the row with the median rate is printed (a run lasts a
-few seconds, so single runs vary by about 20 %). ``Q_BULK`` (django-q's ``bulk``, default 1)
-and ``BENCH_HEALTH_CHECKS=0`` (no ``CONN_HEALTH_CHECKS``) change the cluster's settings.
+few seconds, so single runs vary by about 20 %). ``Q_BULK`` (django-q's ``bulk``; the example
+settings' 4 by default) and ``BENCH_HEALTH_CHECKS=0`` (no ``CONN_HEALTH_CHECKS``) change the
+cluster's settings.
 
 Two scenarios, each with ``--hosts`` hosts caught up by their first-use pass:
 

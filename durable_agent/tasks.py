@@ -6,7 +6,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from durable_agent.models import Host
+from durable_agent.errors import HostNotFound
 
 logger = logging.getLogger("durable_agent.tasks")
 
@@ -24,11 +24,11 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
         from durable_agent import clock
 
         when = clock.now()
-    host = Host.objects.filter(pk=host_id).first()
-    if host is None:
+    try:  # the pass reads the host in its first transaction
+        return run_pass(int(host_id), deadline=when, guard=True).as_dict()
+    except HostNotFound:
         logger.warning("Alarm fired for host %s, which no longer exists", host_id)
         return {"host": None, "phase": "stale"}
-    return run_pass(host, deadline=when, guard=True).as_dict()
 
 
 def sweep() -> dict[str, int]:

@@ -97,6 +97,8 @@ Q_CLUSTER = {
     "timeout": 60 * 15,
     "retry": 60 * 16,
     "poll": 0.05,
+    # The pusher claims up to 4 queued tasks per query (docs/deployment.md).
+    "bulk": 4,
     # The fast path: fire due alarm slots within ~0.1 s instead of django-q's ~30 s scan.
     "broker_class": os.environ.get("Q_BROKER_CLASS", "durable_agent.broker.AlarmBroker"),
     "catch_up": False,

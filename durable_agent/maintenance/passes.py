@@ -179,13 +179,15 @@ def run_pass(
     Raises:
         Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery.
     """
-    host_obj = _host(host)
+    # An id is read by the pass's first transaction (with the lanes), not by a query before it.
+    ref = host if isinstance(host, int) and not isinstance(host, bool) else _host(host)
     started_at = clock.now()
     lateness = (
         None if deadline is None else int((started_at - deadline) / timedelta(milliseconds=1))
     )
     observed = Observation()
-    begun = _begin(host_obj, observed, get_runtime(), fired_for=deadline if guard else None)
+    begun = _begin(ref, observed, get_runtime(), fired_for=deadline if guard else None)
+    host_obj = begun.host
     taken = begun.lease
     if isinstance(taken, lease.Stale):
         logger.debug("Stale alarm delivery: %s", taken.reason, extra={"host": host_obj.key})
@@ -336,6 +338,7 @@ def _run_event(
 @dataclass
 class Begun:
     lease: lease.Lease | lease.Busy | lease.Stale
+    host: Host
     started: Started | None = None
     rows: list[Lane] = field(default_factory=list)
     producing: frozenset[str] = frozenset()
@@ -363,7 +366,7 @@ def _publication_barrier(
 
 
 def _begin(
-    host: Host, observed: Observation, runtime: Runtime, *, fired_for: datetime | None
+    host: Host | int, observed: Observation, runtime: Runtime, *, fired_for: datetime | None
 ) -> Begun:
     """Take the lease and ``begin_pass`` under the generation snapshot, in one short
     transaction: charge the native lane once (6.2)."""
@@ -373,7 +376,7 @@ def _begin(
     def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Begun:
         taken = lease.take(state, queue, checkpoint, now, fired_for=fired_for)
         if not isinstance(taken, lease.Lease):
-            return Begun(taken)
+            return Begun(taken, state.host)
         tickets = list(
             MutationTicket.objects.filter(host_id=state.host_id)
             .live(now=now)
@@ -400,20 +403,20 @@ def _begin(
             or native.floor > now
             or (publication is not None and publication.parked)
         ):
-            return Begun(taken, caught_up, queue.read(), producing)
+            return Begun(taken, state.host, caught_up, queue.read(), producing)
         if observed.charged.get(NATIVE) == native.revision:
             charged: Lane | None = native
         else:
             charged = queue.claim(native, now, native=True)
         if charged is None:
-            return Begun(taken, caught_up, queue.read(), producing)
+            return Begun(taken, state.host, caught_up, queue.read(), producing)
         observed.queue[NATIVE] = charged
         observed.charged[NATIVE] = charged.revision
         arm_within_lease(state, queue, checkpoint, now)
         started = Started(
             True, state.dirty, state.nonterminal, active, charged.revision, charged.stalls
         )
-        return Begun(taken, started, queue.read(), producing)
+        return Begun(taken, state.host, started, queue.read(), producing)
 
     return run_alarm_transaction(host, "begin maintenance pass", fn)
 
