@@ -57,6 +57,33 @@ def test_fire_alarm__a_duplicate_delivery_changes_nothing(
     assert (after.dirty, after.processed) == (state.dirty, state.processed)
 
 
+def test_fire_alarm__a_delivery_reads_its_host_inside_the_pass_transaction(
+    clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    host = Host.objects.create(key="one-read")
+    item = runtime.submit(host, "t1")
+    slot = alarm.scheduled(host)
+    clock.set(slot)
+    fire_alarm(host.pk, deadline=slot.isoformat())
+    assert item.settled
+    alarm.rearm(host, clock.now() + MS, reason="a slot with nothing due")
+    clock.set(clock.now() + 2 * MS)
+    deadline = alarm.scheduled(host).isoformat()
+    with CaptureQueriesContext(connection) as captured:
+        result = fire_alarm(host.pk, deadline=deadline)
+    assert result == {**result, "host": "one-read", "phase": "stale"}
+    statements = [q["sql"] for q in captured if not q["sql"].startswith(("BEGIN", "COMMIT"))]
+    assert '"durable_agent_maintenancestate"' in statements[0]  # the lock comes first
+    host_reads = [
+        sql for sql in statements if sql.startswith("SELECT") and 'FROM "durable_agent_host"' in sql
+    ]
+    assert host_reads == []  # the host arrives with the lanes, in the same transaction
+    assert alarm.scheduled(host) is None
+
+
 def test_fire_alarm__a_deleted_host_is_ignored(clock: FakeClock) -> None:
     assert fire_alarm(424242, deadline=clock.now().isoformat()) == {"host": None, "phase": "stale"}
 
