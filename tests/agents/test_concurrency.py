@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
 
 import durable_agent
 from durable_agent.agents import leases, registry
@@ -18,34 +16,9 @@ from durable_agent.models import Host, Submission
 from durable_agent.runtime import Settlement
 from durable_agent.testing import FakeClock
 from tests.agents.conftest import later
+from tests.threads import run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_threads(work: Callable[[int], Any], count: int) -> list[Any]:
-    """Run ``work(i)`` in ``count`` threads released together; re-raise the first failure."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[i] = work(i)
-        except BaseException as exc:  # collected and re-raised in the main thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not [t for t in threads if t.is_alive()], "deadlock: threads still running"
-    if errors:
-        raise errors[0]
-    return results
 
 
 @pytest.fixture

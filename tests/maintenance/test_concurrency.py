@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import random
-import threading
-from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connections
 from django_q.models import Schedule
 
 from durable_agent.maintenance import alarm, gate
@@ -16,35 +13,12 @@ from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import caught_up
 from tests.procs import run_python
+from tests.threads import run_threads
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 THREADS = 8
 PER_THREAD = 12
 S = timedelta(seconds=1)
-
-
-def run_threads(work: Callable[[int], None], count: int = THREADS) -> None:
-    """Run ``work(i)`` in ``count`` threads at once; re-raise the first failure."""
-    barrier = threading.Barrier(count)
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            work(i)
-        except BaseException as exc:  # collected and re-raised in the main thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not [t for t in threads if t.is_alive()], "deadlock: threads still running"
-    if errors:
-        raise errors[0]
 
 
 def one_armed_slot(host: Host) -> datetime | None:
@@ -67,7 +41,7 @@ def test_mutations__no_lost_generation_and_one_slot(clock: FakeClock, host_count
             with gate.mutation(host), gate.transaction(host) as tx:
                 tx.schedule(f"lane-{i % 3}", clock.now() + (10 + j) * S)
 
-    run_threads(work)
+    run_threads(work, THREADS)
 
     total = THREADS * PER_THREAD
     per_host = {h.pk: 0 for h in hosts}
@@ -109,7 +83,7 @@ def test_schedules__slot_holds_the_earliest_requested_deadline(
                 with gate.transaction(host) as tx:
                     tx.schedule(f"lane-{j % 4}", due)
 
-    run_threads(work)
+    run_threads(work, THREADS)
 
     for host in hosts:
         mine = [due for (h, due) in requests.values() if h.pk == host.pk]
