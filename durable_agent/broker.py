@@ -69,6 +69,7 @@ class AlarmBroker(ORM):  # type: ignore[misc]
     def __init__(self, list_key: str | None = None) -> None:
         super().__init__(list_key=list_key)
         self._next_probe = 0.0
+        self._last_fired: datetime | None = None
         self._next_sweep = 0.0  # once at start: a restarted cluster re-arms lost alarms first
 
     def dequeue(self) -> Any:
@@ -104,7 +105,9 @@ class AlarmBroker(ORM):  # type: ignore[misc]
             closer than that fires at the next probe (at most ``probe_interval`` late). The
             wait never exceeds one probe interval, so the pusher's dequeue is delayed no more
             than by one ordinary poll. After a firing the next dequeue probes again at once, so
-            alarms due close together each fire on time instead of one probe interval apart.
+            alarms due close together each fire on time instead of one probe interval apart;
+            a slot the scheduler could not fire (it logs why and rolls back) is retried at the
+            probe rate, never in a tight loop.
         """
         now = time.monotonic()
         if now < self._next_probe:
@@ -117,10 +120,13 @@ class AlarmBroker(ORM):  # type: ignore[misc]
             wait = (first - timezone.now()).total_seconds()
             if wait >= self.probe_interval:
                 return False
+            stuck = first == self._last_fired  # the last firing left this very slot armed
             if wait >= 0:  # django-q fires ``next_run < now``: wake just past the deadline
                 time.sleep(wait + 0.001)
             scheduler(broker=self)
-            self._next_probe = 0.0  # while slots keep coming due, look again at once
+            self._last_fired = first
+            if not stuck:  # while slots keep coming due, look again at once
+                self._next_probe = 0.0
         except Exception:  # the stock 30 s scan remains the backstop
             logger.exception("Firing due alarm slots failed")
             return False

@@ -62,6 +62,36 @@ def test_probe__a_slot_due_before_the_next_probe_is_waited_for_and_fired(db: Non
     assert Schedule.objects.get().repeats == 0
 
 
+def test_probe__after_a_firing_it_looks_again_at_once_but_not_at_a_stuck_slot(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import durable_agent.broker as broker_module
+
+    host = Host.objects.create(key="stuck")
+    caught_up(host)
+    gate.schedule(host, LIFECYCLE, timezone.now())
+    broker = AlarmBroker()
+    broker.probe_interval = 60.0
+    fired: list[int] = []
+    monkeypatch.setattr(broker_module, "scheduler", lambda broker: fired.append(1))
+    assert broker.fire_due_alarms() is True  # the slot is due; this scheduler cannot fire it
+    assert broker.fire_due_alarms() is True  # a firing: looked again at once
+    assert broker.fire_due_alarms() is False  # the same slot again: back to the probe rate
+    assert len(fired) == 2
+    monkeypatch.undo()
+    broker._next_probe = 0.0
+    assert broker.fire_due_alarms() is True  # django-q's scheduler fires it, at the probe rate
+    assert OrmQ.objects.count() == 1
+    other = Host.objects.create(key="next")
+    caught_up(other)
+    gate.schedule(other, LIFECYCLE, timezone.now())
+    broker._next_probe = 0.0
+    assert broker.fire_due_alarms() is True  # a new slot fires ...
+    assert OrmQ.objects.count() == 2
+    assert broker._next_probe == 0.0  # ... and the next dequeue probes again at once
+    assert broker.fire_due_alarms() is False  # nothing armed is left
+
+
 def test_probe__a_slot_due_after_the_next_probe_is_left_for_it(db: None) -> None:
     host = Host.objects.create(key="later")
     caught_up(host)
