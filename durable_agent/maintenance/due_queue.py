@@ -117,18 +117,12 @@ class DueQueue:
     def load(cls, host_id: int) -> tuple[DueQueue, Host | None]:
         """Read (and on PostgreSQL lock) the host's rows, in lane order, with the host and its
         alarm slot joined in (one statement; see Note [Read the slot after the lock])."""
-        rows = list(
-            DueLane.objects.select_for_update(of=("self",))
-            .select_related("host", "host__alarm")
-            .filter(host_id=host_id)
-            .order_by("lane")
-        )
-        host = (
-            rows[0].host
-            if rows
-            else Host.objects.select_related("alarm").filter(pk=host_id).first()
-        )
-        return cls(host_id, (Lane.from_model(row) for row in rows)), host
+        from durable_agent.maintenance.rows import load_lanes  # Note [Reads written once]
+
+        rows, host = load_lanes(host_id)
+        if host is None:  # no lanes yet (a first use): the host and its slot alone
+            host = Host.objects.select_related("alarm").filter(pk=host_id).first()
+        return cls(host_id, rows), host
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -312,6 +306,8 @@ class DueQueue:
         if not changes:
             return 0
         failpoints.hit("maintenance:queue:flush")
+        from durable_agent.maintenance.rows import update_where  # Note [Reads written once]
+
         for lane, before, after in changes:
             if before is None:
                 try:
@@ -324,9 +320,11 @@ class DueQueue:
                         lane=lane,
                     ) from exc
                 continue
-            written = DueLane.objects.filter(
-                host_id=self.host_id, lane=lane, revision=before.revision
-            ).update(**after.fields())
+            written = update_where(
+                DueLane,
+                after.fields(),
+                {"host": self.host_id, "lane": lane, "revision": before.revision},
+            )
             if written != 1:
                 raise RevisionConflict(
                     "flush maintenance due queue",

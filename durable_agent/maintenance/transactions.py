@@ -23,6 +23,7 @@ from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound
 from durable_agent.maintenance.alarm import Checkpoint, apply_checkpoint, slot_deadline
 from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.rows import lock_state_row, update_where
 from durable_agent.models import Host, MaintenanceState
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -108,15 +109,15 @@ def lock_state(host_id: int) -> MaintenanceState:
         wait: a writer that had just created or moved the slot would be invisible, and the
         slot could be created twice.
     """
-    query = MaintenanceState.objects.select_for_update()
-    state = query.filter(host_id=host_id).first()
+    state = lock_state_row(host_id)  # Note [Reads written once]
     if state is None:
         if not Host.objects.filter(pk=host_id).exists():
             raise HostNotFound(f"No host with id {host_id}", host=host_id)
         MaintenanceState.objects.bulk_create(
             [MaintenanceState(host_id=host_id)], ignore_conflicts=True
         )
-        state = query.get(host_id=host_id)
+        state = lock_state_row(host_id)
+        assert state is not None
     return state
 
 
@@ -208,7 +209,7 @@ def _flush_state(state: MaintenanceState, before: dict[str, Any], operation: str
         return
     if state.dirty < 0 or state.processed < 0:
         raise AlarmError(operation, "Maintenance generations must not be negative")
-    MaintenanceState.objects.filter(pk=state.pk).update(**changed, updated_at=clock.now())
+    update_where(MaintenanceState, {**changed, "updated_at": clock.now()}, {"host": state.pk})
 
 
 def _safe_message(exc: BaseException) -> str:

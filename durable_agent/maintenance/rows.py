@@ -1,0 +1,204 @@
+"""The alarm transaction's two locking reads, as SQL written once per database.
+
+Note [Reads written once]
+    Every alarm transaction (each gate commit, each step of a pass) starts with the same two
+    statements: lock the host's state row, then read its lanes with the host and its slot
+    (Note [Read the slot after the lock]). Built through the ORM, Django compiles them afresh
+    every time, which cost more than running them (``docs/benchmarks.md``, gate overhead).
+    Here their SQL is built once per connection from the models' own fields, and rows are
+    turned into model instances with each field's own database converters, as the ORM does.
+    The statements are the ones the ORM issued: the same columns, ``ORDER BY lane``, and
+    ``FOR UPDATE`` (``FOR UPDATE OF`` the lanes) where the database has row locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, Model
+from django_q.models import Schedule
+
+from durable_agent.maintenance.due_queue import Lane
+from durable_agent.models import DueLane, Host, MaintenanceState
+
+Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """One model's concrete columns in a SELECT list, and how to read them back."""
+
+    model: type[Model]
+    attnames: list[str]
+    sql: list[str]
+    converters: list[tuple[list[Converter], Any]]
+
+    @classmethod
+    def of(cls, model: type[Model], connection: BaseDatabaseWrapper) -> _Columns:
+        table = model._meta.db_table
+        fields: Sequence[Field[Any, Any]] = model._meta.concrete_fields
+        quote = connection.ops.quote_name
+        converters = []
+        for field in fields:
+            column = field.get_col(table)
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            converters.append((found, column))
+        return cls(
+            model,
+            [f.attname for f in fields],
+            [f"{quote(table)}.{quote(str(f.column))}" for f in fields],
+            converters,
+        )
+
+    def values(self, row: Sequence[Any], connection: BaseDatabaseWrapper) -> list[Any]:
+        out = []
+        for value, (found, column) in zip(row, self.converters, strict=True):
+            for convert in found:
+                value = convert(value, column, connection)
+            out.append(value)
+        return out
+
+    def instance(self, row: Sequence[Any], connection: BaseDatabaseWrapper) -> Model:
+        return self.model.from_db(connection.alias, self.attnames, self.values(row, connection))
+
+
+@dataclass(frozen=True)
+class _Reads:
+    state: _Columns
+    lock_state_sql: str
+    lane: _Columns
+    host: _Columns
+    slot: _Columns
+    load_sql: str
+
+
+_cache: dict[tuple[str, str], _Reads] = {}
+
+
+def _column(model: type[Model], name: str | None = None) -> str:
+    """The database column of ``model``'s field ``name`` (its primary key by default)."""
+    field = model._meta.pk if name is None else model._meta.get_field(name)
+    column = getattr(field, "column", None)
+    assert isinstance(column, str)
+    return column
+
+
+def _reads(connection: BaseDatabaseWrapper) -> _Reads:
+    key = (connection.alias, connection.vendor)
+    found = _cache.get(key)
+    if found is not None:
+        return found
+    quote = connection.ops.quote_name
+    locks = connection.features.has_select_for_update
+    state = _Columns.of(MaintenanceState, connection)
+    state_table = quote(MaintenanceState._meta.db_table)
+    host_id = quote(_column(MaintenanceState, "host"))
+    lock_state_sql = (
+        f"SELECT {', '.join(state.sql)} FROM {state_table} "
+        f"WHERE {state_table}.{host_id} = %s" + (" FOR UPDATE" if locks else "")
+    )
+    lane, host, slot = (_Columns.of(m, connection) for m in (DueLane, Host, Schedule))
+    lanes_t, host_t, slot_t = (quote(m._meta.db_table) for m in (DueLane, Host, Schedule))
+    lane_host = quote(_column(DueLane, "host"))
+    lane_name = quote(_column(DueLane, "lane"))
+    host_pk = quote(_column(Host))
+    host_alarm = quote(_column(Host, "alarm"))
+    slot_pk = quote(_column(Schedule))
+    of = " OF " + lanes_t if connection.features.has_select_for_update_of else ""
+    load_sql = (
+        f"SELECT {', '.join(lane.sql + host.sql + slot.sql)} FROM {lanes_t} "
+        f"INNER JOIN {host_t} ON ({lanes_t}.{lane_host} = {host_t}.{host_pk}) "
+        f"LEFT OUTER JOIN {slot_t} ON ({host_t}.{host_alarm} = {slot_t}.{slot_pk}) "
+        f"WHERE {lanes_t}.{lane_host} = %s ORDER BY {lanes_t}.{lane_name} ASC"
+        + (" FOR UPDATE" + of if locks else "")
+    )
+    reads = _Reads(state, lock_state_sql, lane, host, slot, load_sql)
+    _cache[key] = reads
+    return reads
+
+
+def lock_state_row(host_id: int, using: str = "default") -> MaintenanceState | None:
+    """``SELECT ... FOR UPDATE`` the host's state row; None when it does not exist yet."""
+    connection = connections[using]
+    reads = _reads(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(reads.lock_state_sql, [host_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    state = reads.state.instance(row, connection)
+    assert isinstance(state, MaintenanceState)
+    return state
+
+
+_ALARM = Host._meta.get_field("alarm")
+
+
+def load_lanes(host_id: int, using: str = "default") -> tuple[list[Lane], Host | None]:
+    """The host's lanes in lane order (locked where the database can), with the host and its
+    slot read by the same statement; ``([], None)`` when the host has no lanes."""
+    connection = connections[using]
+    reads = _reads(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(reads.load_sql, [host_id])
+        rows = cursor.fetchall()
+    if not rows:
+        return [], None
+    n_lane, n_host = len(reads.lane.attnames), len(reads.host.attnames)
+    lanes = []
+    for row in rows:
+        values = dict(
+            zip(reads.lane.attnames, reads.lane.values(row[:n_lane], connection), strict=True)
+        )
+        lanes.append(
+            Lane(
+                lane=values["lane"],
+                revision=values["revision"],
+                due_at=values["due_at"],
+                stalls=values["stalls"],
+                progress_key=values["progress_key"],
+                not_before=values["not_before"],
+                state=values["state"],
+                reported=values["reported"],
+            )
+        )
+    first = rows[0]
+    host = reads.host.instance(first[n_lane : n_lane + n_host], connection)
+    assert isinstance(host, Host)
+    slot_row = first[n_lane + n_host :]
+    slot = None if slot_row[0] is None else reads.slot.instance(slot_row, connection)
+    _ALARM.set_cached_value(host, slot)
+    return lanes, host
+
+
+_updates: dict[tuple[str, str, type[Model], tuple[str, ...], tuple[str, ...]], str] = {}
+
+
+def update_where(
+    model: type[Model],
+    values: dict[str, Any],
+    where: dict[str, Any],
+    using: str = "default",
+) -> int:
+    """``UPDATE model SET values WHERE where`` (field names to values, ANDed equalities);
+    returns the rows written. Values are prepared by each field, as ``QuerySet.update`` does;
+    the statement is built once per shape (Note [Reads written once])."""
+    connection = connections[using]
+    meta = model._meta
+    key = (connection.alias, connection.vendor, model, tuple(values), tuple(where))
+    sql = _updates.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        assignments = ", ".join(f"{quote(_column(model, name))} = %s" for name in values)
+        conditions = " AND ".join(f"{quote(_column(model, name))} = %s" for name in where)
+        sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {conditions}"
+        _updates[key] = sql
+    params = [meta.get_field(n).get_db_prep_save(v, connection) for n, v in values.items()]  # type: ignore[union-attr]
+    params += [meta.get_field(n).get_db_prep_value(v, connection) for n, v in where.items()]  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
