@@ -1,14 +1,16 @@
-"""The alarm transaction's two locking reads, as SQL written once per database.
+"""The alarm transaction's four statements, as SQL built once per database.
 
 Note [Reads written once]
-    Every alarm transaction (each gate commit, each step of a pass) starts with the same two
-    statements: lock the host's state row, then read its lanes with the host and its slot
-    (Note [Read the slot after the lock]). Built through the ORM, Django compiles them afresh
-    every time, which cost more than running them (``docs/benchmarks.md``, gate overhead).
-    Here their SQL is built once per connection from the models' own fields, and rows are
-    turned into model instances with each field's own database converters, as the ORM does.
-    The statements are the ones the ORM issued: the same columns, ``ORDER BY lane``, and
-    ``FOR UPDATE`` (``FOR UPDATE OF`` the lanes) where the database has row locks.
+    Every alarm transaction (each gate commit, each step of a pass) runs the same statements:
+    lock the host's state row, read its lanes with the host and its slot (Note [Read the slot
+    after the lock]), then write the changed state fields and each changed lane (a revision
+    compare-and-set). Built through the ORM, Django compiled them afresh every time, which
+    cost more than running them (``docs/benchmarks.md``, gate overhead). Here their SQL is
+    built once per connection (per shape, for writes) from the models' own fields; values go
+    in through each field's ``get_db_prep_save``/``get_db_prep_value`` and rows come back
+    through each field's database converters, as the ORM does. The statements are the ones
+    the ORM issued: the same columns, ``ORDER BY lane``, and ``FOR UPDATE`` (``FOR UPDATE OF``
+    the lanes) where the database has row locks.
 """
 
 from __future__ import annotations
