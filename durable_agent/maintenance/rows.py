@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 from django_q.models import Schedule
@@ -123,9 +123,9 @@ def _reads(connection: BaseDatabaseWrapper) -> _Reads:
     return reads
 
 
-def lock_state_row(host_id: int, using: str = "default") -> MaintenanceState | None:
+def lock_state_row(host_id: int) -> MaintenanceState | None:
     """``SELECT ... FOR UPDATE`` the host's state row; None when it does not exist yet."""
-    connection = connections[using]
+    connection = connections[router.db_for_write(MaintenanceState)]
     reads = _reads(connection)
     with connection.cursor() as cursor:
         cursor.execute(reads.lock_state_sql, [host_id])
@@ -140,10 +140,10 @@ def lock_state_row(host_id: int, using: str = "default") -> MaintenanceState | N
 _ALARM = Host._meta.get_field("alarm")
 
 
-def load_lanes(host_id: int, using: str = "default") -> tuple[list[Lane], Host | None]:
+def load_lanes(host_id: int) -> tuple[list[Lane], Host | None]:
     """The host's lanes in lane order (locked where the database can), with the host and its
     slot read by the same statement; ``([], None)`` when the host has no lanes."""
-    connection = connections[using]
+    connection = connections[router.db_for_write(DueLane)]
     reads = _reads(connection)
     with connection.cursor() as cursor:
         cursor.execute(reads.load_sql, [host_id])
@@ -184,12 +184,11 @@ def update_where(
     model: type[Model],
     values: dict[str, Any],
     where: dict[str, Any],
-    using: str = "default",
 ) -> int:
     """``UPDATE model SET values WHERE where`` (field names to values, ANDed equalities);
     returns the rows written. Values are prepared by each field, as ``QuerySet.update`` does;
     the statement is built once per shape (Note [Reads written once])."""
-    connection = connections[using]
+    connection = connections[router.db_for_write(model)]
     meta = model._meta
     key = (connection.alias, connection.vendor, model, tuple(values), tuple(where))
     sql = _updates.get(key)

@@ -1,0 +1,104 @@
+"""The alarm transaction's statements built once (Note [Reads written once]): they read and
+write exactly what the ORM does."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.forms.models import model_to_dict
+from django.test.utils import CaptureQueriesContext
+from django_q.models import Schedule
+
+from durable_agent.maintenance import gate
+from durable_agent.maintenance.due_queue import Lane
+from durable_agent.maintenance.lane_ids import LIFECYCLE, NATIVE
+from durable_agent.maintenance.rows import _reads, load_lanes, lock_state_row, update_where
+from durable_agent.models import DueLane, Host, MaintenanceState
+from durable_agent.testing import FakeClock
+from tests.maintenance.helpers import caught_up
+
+pytestmark = pytest.mark.django_db
+
+
+def _fields(obj: object) -> dict[str, object]:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}  # type: ignore[attr-defined]
+
+
+def test_lock_state_row__reads_what_the_orm_reads(clock: FakeClock) -> None:
+    host = Host.objects.create(key="state")
+    caught_up(host)
+    MaintenanceState.objects.filter(host=host).update(
+        retry_generation=3,
+        retry_not_before=clock.now() + timedelta(seconds=2),
+        retry_native_only=True,
+        retry_stalls=2,
+        last_served_thread="t1",
+    )
+    state = lock_state_row(host.pk)
+    assert state is not None
+    assert _fields(state) == _fields(MaintenanceState.objects.get(host=host))
+    assert state.retry_native_only is True  # a boolean, not SQLite's 1
+    assert state.retry_not_before == clock.now() + timedelta(seconds=2)  # an aware datetime
+
+
+def test_lock_state_row__none_for_a_host_without_state() -> None:
+    host = Host.objects.create(key="no-state")
+    assert lock_state_row(host.pk) is None
+
+
+def test_load_lanes__lanes_in_order_with_the_host_and_its_slot(clock: FakeClock) -> None:
+    host = Host.objects.create(key="lanes")
+    caught_up(host)
+    gate.schedule(host, LIFECYCLE, clock.now() + timedelta(seconds=5))
+    lanes, loaded = load_lanes(host.pk)
+    expected = [Lane.from_model(row) for row in DueLane.objects.filter(host=host).order_by("lane")]
+    assert lanes == expected
+    assert [lane.lane for lane in lanes] == sorted(lane.lane for lane in lanes)
+    assert {NATIVE, LIFECYCLE} <= {lane.lane for lane in lanes}
+    assert loaded is not None
+    assert _fields(loaded) == _fields(Host.objects.get(pk=host.pk))
+    with CaptureQueriesContext(connection) as captured:
+        slot = loaded.alarm  # read by the same statement: no query
+    assert len(captured) == 0
+    assert slot is not None
+    assert model_to_dict(slot) == model_to_dict(Schedule.objects.get(durable_agent_host=host))
+
+
+def test_load_lanes__a_host_without_a_slot_has_none_cached() -> None:
+    host = Host.objects.create(key="no-slot")
+    DueLane.objects.create(host=host, lane=NATIVE)
+    lanes, loaded = load_lanes(host.pk)
+    assert [lane.lane for lane in lanes] == [NATIVE]
+    assert loaded is not None
+    with CaptureQueriesContext(connection) as captured:
+        assert loaded.alarm is None
+    assert len(captured) == 0
+
+
+def test_load_lanes__nothing_for_a_host_without_lanes() -> None:
+    host = Host.objects.create(key="bare")
+    assert load_lanes(host.pk) == ([], None)
+
+
+def test_update_where__prepares_values_and_reports_rows_written(clock: FakeClock) -> None:
+    host = Host.objects.create(key="cas")
+    row = DueLane.objects.create(host=host, lane=NATIVE, revision=4)
+    due = clock.now() + timedelta(seconds=1)
+    fields = {"revision": 5, "due_at": due, "reported": True}
+    stale = {"host": host.pk, "lane": NATIVE, "revision": 3}
+    assert update_where(DueLane, fields, stale) == 0  # a compare-and-set that lost
+    assert update_where(DueLane, fields, {**stale, "revision": 4}) == 1
+    row.refresh_from_db()
+    assert (row.revision, row.due_at, row.reported) == (5, due, True)
+
+
+def test_statements__lock_where_the_database_has_row_locks() -> None:
+    reads = _reads(connection)
+    if connection.features.has_select_for_update:
+        assert reads.lock_state_sql.endswith(" FOR UPDATE")
+        assert reads.load_sql.endswith(' FOR UPDATE OF "durable_agent_duelane"')
+    else:
+        assert "FOR UPDATE" not in reads.lock_state_sql + reads.load_sql
+    assert reads.load_sql.count("ORDER BY") == 1
