@@ -51,14 +51,18 @@ def next_armed_run() -> datetime | None:
     The first entry of the partial index ``da_schedule_armed_next_run``: one index probe,
     whatever the number of armed hosts.
     """
-    first: datetime | None = (
+    first: datetime | None = earliest_armed().first()
+    return first
+
+
+def earliest_armed() -> Any:
+    """The probe's query: armed schedules of this cluster by ``next_run`` (values only)."""
+    return (
         Schedule.objects.filter(_mine())
         .exclude(repeats=0)
         .order_by("next_run")
         .values_list("next_run", flat=True)
-        .first()
     )
-    return first
 
 
 class AlarmBroker(ORM):  # type: ignore[misc]

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
-from durable_agent.broker import AlarmBroker, next_armed_run
+from durable_agent.broker import AlarmBroker, earliest_armed, next_armed_run
 from durable_agent.maintenance import alarm, gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE
 from durable_agent.models import Host, PassRecord
@@ -121,7 +121,7 @@ def test_index__probe_and_scheduler_scan_use_the_partial_index(clock: FakeClock)
         .filter(next_run__lt=now)
         .filter(cluster__isnull=True)
     )
-    earliest = Schedule.objects.exclude(repeats=0).order_by("next_run")[:1]
+    earliest = earliest_armed()[:1]  # the fast path's probe, exactly
     for query in (probe, scan, earliest):
         with transaction.atomic(), connection.cursor() as cursor:
             sql, params = query.query.sql_with_params()
