@@ -7,6 +7,9 @@ or ``token:<name>``. All of them need the repair scope (:func:`require_repair`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.http import HttpRequest
 from ninja import Body, Path, Router
 
@@ -35,7 +38,18 @@ router = Router(tags=["repairs"])
 REPAIR_ERRORS = errors(400, 401, 403, 404, 409, 422)
 
 
-def _repair_out(result: RepairResult) -> RepairOut:
+def _repair(
+    request: HttpRequest,
+    key: str,
+    body: RepairIn | None,
+    service: Callable[..., RepairResult],
+    **target: Any,
+) -> RepairOut:
+    """Scope, reason, host (401/403, then 422, then 404), then the audited ``service``."""
+    caller = require_repair(request)
+    reason = _reason(body)
+    host = get_host(key)
+    result = service(host=host, actor=caller.actor, reason=reason, **target)
     return RepairOut(
         host=result.host, action=result.action, audit_id=result.audit_id, alarm=result.alarm
     )
@@ -107,10 +121,7 @@ def unpark(
     body: Body[RepairIn | None] = None,
 ) -> RepairOut:
     """Give a parked lane a fresh budget, due now; 409 ``not_repairable`` if not parked."""
-    caller = require_repair(request)
-    reason = _reason(body)
-    host = get_host(key)
-    return _repair_out(repairs.lane_unpark(host=host, lane=lane, actor=caller.actor, reason=reason))
+    return _repair(request, key, body, repairs.lane_unpark, lane=lane)
 
 
 @router.post(
@@ -126,12 +137,7 @@ def retry_binding(
     body: Body[RepairIn | None] = None,
 ) -> RepairOut:
     """Release a head parked for a missing binding for one more attempt."""
-    caller = require_repair(request)
-    reason = _reason(body)
-    host = get_host(key)
-    return _repair_out(
-        repairs.binding_retry_now(host=host, retry_id=retry_id, actor=caller.actor, reason=reason)
-    )
+    return _repair(request, key, body, repairs.binding_retry_now, retry_id=retry_id)
 
 
 @router.post(
@@ -147,9 +153,4 @@ def retry_fault(
     body: Body[RepairIn | None] = None,
 ) -> RepairOut:
     """Retry a thread's failed recovery now instead of at its scheduled time."""
-    caller = require_repair(request)
-    reason = _reason(body)
-    host = get_host(key)
-    return _repair_out(
-        repairs.fault_retry_now(host=host, thread=thread, actor=caller.actor, reason=reason)
-    )
+    return _repair(request, key, body, repairs.fault_retry_now, thread=thread)
