@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django_q.models import Schedule
@@ -38,15 +39,24 @@ def test_fire_alarm__the_scheduler_fires_the_slot_and_the_pass_runs(
     assert (record.deadline, record.lateness_ms) == (slot, 5)
 
 
+def _settled_by_its_alarm(
+    key: str, clock: FakeClock, runtime: ScriptedRuntime
+) -> tuple[Host, datetime, dict[str, Any]]:
+    """A host with one submission, settled by the delivery of its alarm at its deadline."""
+    host = Host.objects.create(key=key)
+    item = runtime.submit(host, "t1")
+    slot = alarm.scheduled(host)
+    assert slot is not None
+    clock.set(slot)
+    result = fire_alarm(host.pk, deadline=slot.isoformat())
+    assert item.settled
+    return host, slot, result
+
+
 def test_fire_alarm__a_duplicate_delivery_changes_nothing(
     clock: FakeClock, runtime: ScriptedRuntime
 ) -> None:
-    host = Host.objects.create(key="dup")
-    item = runtime.submit(host, "t1")
-    slot = alarm.scheduled(host)
-    clock.set(slot)
-    first = fire_alarm(host.pk, deadline=slot.isoformat())
-    assert item.settled
+    host, slot, first = _settled_by_its_alarm("dup", clock, runtime)
     records = PassRecord.objects.count()
     state = MaintenanceState.objects.get(host=host)
     again = fire_alarm(host.pk, deadline=slot.isoformat())
@@ -63,12 +73,7 @@ def test_fire_alarm__a_delivery_reads_its_host_inside_the_pass_transaction(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    host = Host.objects.create(key="one-read")
-    item = runtime.submit(host, "t1")
-    slot = alarm.scheduled(host)
-    clock.set(slot)
-    fire_alarm(host.pk, deadline=slot.isoformat())
-    assert item.settled
+    host, _, _ = _settled_by_its_alarm("one-read", clock, runtime)
     alarm.rearm(host, clock.now() + MS, reason="a slot with nothing due")
     clock.set(clock.now() + 2 * MS)
     deadline = alarm.scheduled(host).isoformat()
