@@ -142,8 +142,9 @@ def close_thread_pool() -> None:
     if pool is None:
         return
     _pools.pool = None
-    if not pool.retired.is_set() and pool.pid == os.getpid():
-        pool.retired.set()
+    running = not pool.retired.is_set()  # a retired pool's executor is already shut down
+    pool.retired.set()
+    if running and pool.pid == os.getpid():
         barrier = threading.Barrier(pool.workers)
 
         def close() -> None:  # one per thread: each waits until every thread holds one
@@ -153,7 +154,6 @@ def close_thread_pool() -> None:
 
         for _ in range(pool.workers):
             pool.executor.submit(close)
-    pool.retired.set()
     pool.executor.shutdown(wait=True)
 
 
