@@ -4,7 +4,7 @@
 threaded HTTP server (pytest-django's ``live_server``, which serves ``project/urls.py``) to new
 threads and to threads they share, on four hosts, while a live ``qcluster`` subprocess fires
 the hosts' alarms and its passes settle the work. At the same time operator threads abort
-submissions (ready, running or already settled), answer approval requests (approve, reject or
+submissions (in whatever state they have reached), answer approval requests (approve, reject or
 abort) and re-arm the hosts, all through the same API. Nothing is retried: every response is
 counted by operation and status.
 
@@ -19,8 +19,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import queue
-import random
 import signal
 import subprocess
 import sys
@@ -47,8 +45,10 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 PREFIX = "/api/durable-agent/"
 HOSTS = 4  # the last one is single-threaded
 PRODUCERS = 16
-PER_PRODUCER = 10
+PER_PRODUCER = 6
 SHARED_THREADS = 3
+# Submissions the aborter aborts, by n % 12, and the state it waits for first.
+ABORT_AT = {1: "ready", 7: "ready", 5: "running", 11: "running", 9: "settled"}
 REQUEST_TIMEOUT = 20.0  # seconds; a request that takes longer counts as failed
 BUDGET = 45.0  # seconds for the whole load and its settling; the test fails past it
 
@@ -103,6 +103,7 @@ class Ledger:
     approved: set[int] = field(default_factory=set)  # approve(true) answered 200
     rejected: set[int] = field(default_factory=set)  # approve(false) answered 200
     unanswered: set[int] = field(default_factory=set)  # approvals never seen suspended
+    abort_landed: Counter[str] = field(default_factory=Counter)  # aim -> seen -> answer
 
 
 @pytest.fixture
@@ -164,79 +165,101 @@ def _stop_cluster(cluster: subprocess.Popen[str]) -> int:
     return cluster.returncode
 
 
-def _producer(api: Api, ledger: Ledger, aborts: queue.Queue[int], index: int) -> None:
+def _producer(api: Api, ledger: Ledger, index: int) -> None:
     for j in range(PER_PRODUCER):
         n = index * PER_PRODUCER + j
         host = f"contention-{(index + j) % HOSTS}"
         thread = f"new-{index}-{j}" if j % 2 == 0 else f"shared-{j % SHARED_THREADS}"
         approval = n % 7 == 3
-        payload = {"n": n, "approval": approval, "work_ms": 5}
+        abort_at = None if approval else ABORT_AT.get(n % 12)
+        work_ms = 300 if abort_at == "running" else 5  # long enough to be seen running
+        payload = {"n": n, "approval": approval, "work_ms": work_ms}
         status, body = api.call(
             "submit",
             "POST",
             f"hosts/{host}/threads/{thread}/submissions",
             {"agent": contention_agents.AGENT, "payload": payload, "idempotency_key": f"c-{n}"},
         )
-        if status != 201:
-            continue
-        sid = int(body["submission_id"])
-        with ledger.lock:
-            ledger.accepted[sid] = {"host": host, "thread": thread, "approval": approval}
-        if not approval and n % 6 == 1:
-            aborts.put(sid)
-
-
-def _aborter(api: Api, ledger: Ledger, aborts: queue.Queue[int], seed: int) -> None:
-    rng = random.Random(seed)
-    while True:
-        sid = aborts.get()
-        if sid < 0:
-            return
-        time.sleep(rng.uniform(0, 0.05))  # the abort lands on ready, running or settled work
-        status, _ = api.call("abort", "POST", f"submissions/{sid}/abort")
-        if status == 200:
+        if status == 201:
             with ledger.lock:
-                ledger.aborted.add(sid)
+                ledger.accepted[int(body["submission_id"])] = {
+                    "approval": approval,
+                    "abort_at": abort_at,
+                }
+
+
+def _aborter(api: Api, ledger: Ledger, producing: threading.Event, until: float) -> None:
+    """Abort each submission marked for it once it reaches its state: ready (at once),
+    running, or settled (a 409). It watches states in the database (its own connection,
+    closed at the end) and aborts through the API."""
+    done: set[int] = set()
+    try:
+        while time.monotonic() < until:
+            with ledger.lock:
+                waiting = {
+                    sid: info["abort_at"]
+                    for sid, info in ledger.accepted.items()
+                    if info["abort_at"] and sid not in done
+                }
+            if not waiting and not producing.is_set():
+                return
+            states = dict(Submission.objects.filter(pk__in=waiting).values_list("pk", "state"))
+            for sid, at in sorted(waiting.items()):
+                state = states[sid]
+                if at == "ready" or state == at or (at == "running" and state == "settled"):
+                    done.add(sid)
+                    status, body = api.call("abort", "POST", f"submissions/{sid}/abort")
+                    with ledger.lock:
+                        if status == 200:
+                            ledger.aborted.add(sid)
+                        landed = body["state"] if status == 200 else f"{status}"
+                        ledger.abort_landed[f"{at}->{state}->{landed}"] += 1
+            time.sleep(0.02)  # polling an observable condition
+    finally:
+        connection.close()
 
 
 def _approver(api: Api, ledger: Ledger, producing: threading.Event, until: float) -> None:
-    """Answer every approval request once it is suspended: approve, reject or abort."""
+    """Answer every approval request once it is suspended: approve, reject or abort.
+
+    It finds suspended submissions in the database (its own connection, closed at the end)
+    and answers through the API.
+    """
     answered: set[int] = set()
-    while time.monotonic() < until:
+    try:
+        while time.monotonic() < until:
+            with ledger.lock:
+                waiting = [
+                    sid
+                    for sid, info in ledger.accepted.items()
+                    if info["approval"] and sid not in answered
+                ]
+            if not waiting and not producing.is_set():
+                return
+            suspended = Submission.objects.filter(pk__in=waiting, state="suspended")
+            for sid in sorted(suspended.values_list("pk", flat=True)):
+                answered.add(sid)
+                if sid % 4 == 0:
+                    status, _ = api.call("abort", "POST", f"submissions/{sid}/abort")
+                    target = ledger.aborted
+                else:
+                    approved = sid % 4 != 1
+                    status, _ = api.call(
+                        "approve", "POST", f"submissions/{sid}/approve", {"approved": approved}
+                    )
+                    target = ledger.approved if approved else ledger.rejected
+                if status == 200:
+                    with ledger.lock:
+                        target.add(sid)
+            time.sleep(0.05)  # polling an observable condition
+    finally:
+        connection.close()
         with ledger.lock:
-            waiting = sorted(
+            ledger.unanswered = {
                 sid
                 for sid, info in ledger.accepted.items()
                 if info["approval"] and sid not in answered
-            )
-        if not waiting and not producing.is_set():
-            return
-        for sid in waiting:
-            status, body = api.call("get", "GET", f"submissions/{sid}")
-            if status != 200 or body["state"] != "suspended":
-                continue
-            answered.add(sid)
-            if sid % 4 == 0:
-                status, _ = api.call("abort", "POST", f"submissions/{sid}/abort")
-                target = ledger.aborted
-            elif sid % 4 == 1:
-                status, _ = api.call(
-                    "approve", "POST", f"submissions/{sid}/approve", {"approved": False}
-                )
-                target = ledger.rejected
-            else:
-                status, _ = api.call(
-                    "approve", "POST", f"submissions/{sid}/approve", {"approved": True}
-                )
-                target = ledger.approved
-            if status == 200:
-                with ledger.lock:
-                    target.add(sid)
-        time.sleep(0.2)  # polling an observable condition
-    with ledger.lock:
-        ledger.unanswered = {
-            sid for sid, info in ledger.accepted.items() if info["approval"] and sid not in answered
-        }
+            }
 
 
 def _rearmer(api: Api, producing: threading.Event) -> None:
@@ -274,33 +297,27 @@ def test_contention__api_producers_operators_and_live_passes(
 
     cluster = _start_cluster(effects, log)
     try:
-        aborts: queue.Queue[int] = queue.Queue()
         producing = threading.Event()
         producing.set()
         producers = [
-            threading.Thread(target=_producer, args=(api, ledger, aborts, i), daemon=True)
+            threading.Thread(target=_producer, args=(api, ledger, i), daemon=True)
             for i in range(PRODUCERS)
         ]
-        aborters = [
-            threading.Thread(target=_aborter, args=(api, ledger, aborts, i), daemon=True)
-            for i in range(2)
+        operators = [
+            threading.Thread(target=fn, args=(api, ledger, producing, until), daemon=True)
+            for fn in (_aborter, _approver)
         ]
-        approver = threading.Thread(
-            target=_approver, args=(api, ledger, producing, until), daemon=True
-        )
-        rearmer = threading.Thread(target=_rearmer, args=(api, producing), daemon=True)
-        operators = [*aborters, approver, rearmer]
+        operators.append(threading.Thread(target=_rearmer, args=(api, producing), daemon=True))
         for thread in [*operators, *producers]:
             thread.start()
         for thread in producers:
             thread.join(timeout=max(0.0, until - time.monotonic()))
+        submitted = time.monotonic() - started
         producing.clear()
-        for _ in aborters:
-            aborts.put(-1)
         for thread in operators:
             thread.join(timeout=max(0.0, until - time.monotonic()))
         alive = [t.name for t in [*producers, *operators] if t.is_alive()]
-        produced = time.monotonic() - started
+        answered = time.monotonic() - started
 
         ids = set(ledger.accepted)
         while time.monotonic() < until:
@@ -311,25 +328,30 @@ def test_contention__api_producers_operators_and_live_passes(
     finally:
         returncode = _stop_cluster(cluster)
     give_up = time.monotonic() + 10
-    while _other_backends() and time.monotonic() < give_up:
-        time.sleep(0.1)  # exited backends have flushed their statistics
+    while (lingering := _other_backends()) and time.monotonic() < give_up:
+        time.sleep(0.1)  # polling: a backend flushes its statistics when it exits
     deadlocks = _deadlocks() - deadlocks_before
 
     summary = {
         "statuses": dict(sorted(api.statuses.items(), key=str)),
         "accepted": len(ids),
         "aborted": len(ledger.aborted),
+        "abort_landed": dict(ledger.abort_landed),
         "approved": len(ledger.approved),
         "rejected": len(ledger.rejected),
         "deadlocks": deadlocks,
-        "producing_s": round(produced, 1),
+        "lingering_backends": lingering,
+        "submitting_s": round(submitted, 1),
+        "answering_s": round(answered, 1),
         "settled_s": round(settled_after, 1),
+        "total_s": round(time.monotonic() - started, 1),
     }
     print("contention:", summary)
     tail = log.read_text()[-3000:]
     failures = api.failures
     assert not failures, (summary, failures[:20])
     assert deadlocks == 0, summary
+    assert lingering == 0, ("connections to the test database outlived the load", summary)
     assert not alive, (f"client threads still running after {BUDGET} s: {alive}", summary)
     assert returncode == 0, tail
     assert {k for k in api.statuses if k[0] == "submit"} == {("submit", 201)}, summary
@@ -358,8 +380,9 @@ def test_contention__api_producers_operators_and_live_passes(
     outcomes = Counter(row["outcome"] for row in rows.values())
     effect_lines = sum(len(lines) for lines in side_effects.values())
     print("contention outcomes:", dict(outcomes), "side effects:", effect_lines)
-    # Each path was taken: aborts, approvals and rejections landed.
-    assert outcomes["aborted"] > 0, summary
+    # Each path was taken: aborts of ready and running work, approvals and rejections.
+    assert any("->ready->" in k for k in ledger.abort_landed), summary
+    assert any("->running->" in k for k in ledger.abort_landed), summary
     assert ledger.approved, summary
     assert outcomes["failed"] > 0, summary
 
