@@ -10,13 +10,14 @@ import json
 from typing import Any
 
 import pytest
+from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from durable_agent.agents import services
-from durable_agent.api.errors import RETRY_AFTER_SECONDS
+from durable_agent.api.errors import RETRY_AFTER_SECONDS, to_api_error
 from durable_agent.errors import AlarmError
 from durable_agent.models import AlarmAudit, Host, PassRecord, Submission, SubmissionState
 from durable_agent.testing import ScriptedRuntime
@@ -84,6 +85,29 @@ def test_bad_input__the_body_limit_is_django_s_setting(
     assert not AlarmAudit.objects.exists()
     fits = json.dumps({"reason": "x" * 80})
     assert send(web, "POST", f"/hosts/{host.key}/rearm", repair_auth, fits).status_code == 200
+
+
+@pytest.mark.parametrize("length", ["abc", "-1"])
+def test_bad_input__an_unreadable_content_length_is_400(
+    web: Client, host: Host, repair_auth: dict[str, str], length: str
+) -> None:
+    before = footprint()
+    response = web.post(
+        f"{BASE}/hosts/{host.key}/pass",
+        "{}",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=repair_auth["Authorization"],
+        CONTENT_LENGTH=length,
+    )
+    assert_error(response, 400, "bad_request")
+    assert footprint() == before
+
+
+def test_bad_input__django_s_own_refusal_is_413_too(settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    error = to_api_error(RequestDataTooBig("too big"))
+    assert error is not None
+    assert (error.status, error.code, error.detail) == (413, "request_too_large", {"limit": 1000})
 
 
 # -- 422: payloads the database cannot store -------------------------------------------------
