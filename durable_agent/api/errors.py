@@ -111,7 +111,13 @@ class ApiError(Exception):
 
 
 def declared(*statuses: int) -> dict[int, type[ErrorOut]]:
-    """The ``response=`` entries of an endpoint's error statuses (all :class:`ErrorOut`)."""
+    """The ``response=`` entries of an endpoint's error statuses (all :class:`ErrorOut`).
+
+    An endpoint that authenticates (401) may also answer 429: refused tokens are limited per
+    client address (``durable_agent/api/failures.py``).
+    """
+    if 401 in statuses and 429 not in statuses:
+        statuses = (*statuses, 429)
     return dict.fromkeys(statuses, ErrorOut)
 
 
