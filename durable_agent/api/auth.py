@@ -50,26 +50,26 @@ def _viewers(*models: str) -> tuple[str, ...]:
     )
 
 
-HOSTS = _viewers("host")
-SUBMISSIONS = _viewers("submission")
+_HOSTS = _viewers("host")
+_SUBMISSIONS = _viewers("submission")
 
 SESSION_PERMISSIONS: dict[str, tuple[str, ...]] = {
     # reads: see Note [Session permissions]
-    "list_hosts": HOSTS,
-    "get_host": HOSTS,
+    "list_hosts": _HOSTS,
+    "get_host": _HOSTS,
     "list_host_lanes": _viewers("duelane", "host"),
     "list_host_audit": _viewers("alarmaudit", "host"),
-    "health": HOSTS,
-    "get_submission": SUBMISSIONS,
+    "health": _HOSTS,
+    "get_submission": _SUBMISSIONS,
     # repairs (each needs repair_host as well): the list the admin action runs from
-    "rearm_host": HOSTS,
-    "run_pass": HOSTS,
+    "rearm_host": _HOSTS,
+    "run_pass": _HOSTS,
     "unpark_lane": _viewers("duelane", "host"),
     "retry_binding": _viewers("bindingretry", "host"),
     "retry_fault": _viewers("recoveryfault", "host"),
-    "abort_submission": SUBMISSIONS,
-    "approve_submission": SUBMISSIONS,
-    "resolve_submission": SUBMISSIONS,
+    "abort_submission": _SUBMISSIONS,
+    "approve_submission": _SUBMISSIONS,
+    "resolve_submission": _SUBMISSIONS,
     # admits work and answers a receipt (no payload): repair_host alone
     "submit": (),
 }
