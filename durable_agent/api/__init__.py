@@ -25,8 +25,8 @@ from durable_agent.api.errors import bind_error_contract
 __all__ = ["router"]
 
 router = Router(auth=AUTH)
-router.add_decorator(bind_error_contract, mode="view")
 router.add_decorator(bind_permissions, mode="view")
+router.add_decorator(bind_error_contract, mode="view")
 router.add_router("", hosts.router)
 router.add_router("", repairs.router)
 router.add_router("", submissions.router)

@@ -25,6 +25,7 @@ Note [Session permissions]
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -208,10 +209,11 @@ def bind_permissions(run: Callable[..., Any]) -> Callable[..., Any]:
     """A router decorator (mode "view"): bind the operation's session scheme to its operation
     id, so that it checks that operation's permissions (Note [Session permissions]).
 
-    Ninja applies view decorators to ``operation.run`` (a bound method) once per mount; the
-    operation's own list of schemes is replaced, ``run`` is returned as it was.
+    Ninja applies view decorators to ``operation.run`` (a bound method, or another view
+    decorator's ``functools.wraps`` wrapper of it) once per mount; the operation's own list of
+    schemes is replaced, ``run`` is returned as it was.
     """
-    operation = getattr(run, "__self__", None)
+    operation = getattr(inspect.unwrap(run), "__self__", None)
     callbacks = getattr(operation, "auth_callbacks", None)
     if operation is not None and callbacks:
         operation_id = getattr(operation, "operation_id", None)
