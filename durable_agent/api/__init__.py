@@ -24,12 +24,13 @@ from __future__ import annotations
 from ninja import Router
 
 from durable_agent.api import hosts, repairs, submissions
-from durable_agent.api.auth import AUTH
+from durable_agent.api.auth import AUTH, bind_permissions
 from durable_agent.api.errors import answer_methods_in_contract, bind_error_contract, not_found
 
 __all__ = ["not_found", "router"]
 
 router = Router(auth=AUTH)
+router.add_decorator(bind_permissions, mode="view")
 router.add_decorator(bind_error_contract, mode="view")
 router.add_router("", hosts.router)
 router.add_router("", repairs.router)

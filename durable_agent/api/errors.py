@@ -139,8 +139,13 @@ ANY_REQUEST = (413, 503)
 
 def declared(*statuses: int) -> dict[int, type[ErrorOut]]:
     """The ``response=`` entries of an endpoint's error statuses (all :class:`ErrorOut`),
-    with those of :data:`ANY_REQUEST`."""
-    return dict.fromkeys(sorted({*statuses, *ANY_REQUEST}), ErrorOut)
+    with those of :data:`ANY_REQUEST`.
+
+    An endpoint that authenticates (401) may also answer 429: refused tokens are limited per
+    client address (``durable_agent/api/failures.py``).
+    """
+    limited = {429} if 401 in statuses else set()
+    return dict.fromkeys(sorted({*statuses, *ANY_REQUEST, *limited}), ErrorOut)
 
 
 def status_for(exc: DurableAgentError) -> int:
