@@ -5,7 +5,7 @@ import os
 import dj_database_url
 
 from project.settings import *  # noqa: F403
-from project.settings import INSTALLED_APPS, Q_CLUSTER
+from project.settings import INSTALLED_APPS, PERSISTENT_CONN_MAX_AGE, Q_CLUSTER, conn_max_age
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
 DATABASES = {
@@ -14,7 +14,9 @@ DATABASES = {
             os.environ.get(
                 "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
             ),
-            conn_max_age=600,
+            # Persistent in every bench process but runserver: the clusters and the drivers
+            # (whose passes run waves on a kept thread pool) reuse their threads.
+            conn_max_age=conn_max_age(default=PERSISTENT_CONN_MAX_AGE),
             conn_health_checks=os.environ.get("BENCH_HEALTH_CHECKS", "1") == "1",
         )
     )

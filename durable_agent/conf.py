@@ -141,6 +141,14 @@ SETTINGS: tuple[Setting, ...] = (
         "The cooperative deadline of a whole pass.",
     ),
     Setting(
+        "API_AUTH_FAILURES_PER_MINUTE",
+        20,
+        int,
+        0,
+        1_000_000,
+        "Refused API tokens a client address may send per minute before 429s (0 = no limit).",
+    ),
+    Setting(
         "CLOCK",
         None,
         (str, type(None)),
@@ -235,6 +243,10 @@ def dispatch_until() -> timedelta:
 
 def event_timeout() -> timedelta:
     return timedelta(milliseconds=int(get("EVENT_TIMEOUT_MS")))
+
+
+def api_auth_failures_per_minute() -> int:
+    return int(get("API_AUTH_FAILURES_PER_MINUTE"))
 
 
 def clock_callable() -> Callable[[], datetime] | None:

@@ -36,6 +36,8 @@ def test_checks__defaults_are_clean() -> None:
         ({"ALARM_BACKOFF_BASE_MS": True}, "durable_agent.E003"),
         ({"ALARM_BACKOFF_BASE_MS": 0}, "durable_agent.E004"),
         ({"MUTATION_TICKET_TTL_MS": 10}, "durable_agent.E004"),
+        ({"API_AUTH_FAILURES_PER_MINUTE": -1}, "durable_agent.E004"),
+        ({"API_AUTH_FAILURES_PER_MINUTE": "20/m"}, "durable_agent.E003"),
         ({"CLOCK": "no.such.module.now"}, "durable_agent.E005"),
         ({"RANDOM": "durable_agent.conf.SETTINGS"}, "durable_agent.E006"),
         ({"ALARM_BACKOFF_BASE_MS": 500, "ALARM_BACKOFF_CAP_MS": 100}, "durable_agent.E007"),
