@@ -374,7 +374,9 @@ class SubmissionStatusOut(Schema):
 
 class ApproveIn(ObjectIn):
     approved: StrictBool = Field(True, description="False rejects: the submission settles failed.")
+    reason: Reason = Field("", description="Why; kept in the audit row.")
 
 
 class ResolveIn(ObjectIn):
     outcome: Literal["completed", "failed", "retry"]
+    reason: Reason = Field("", description="Why; kept in the audit row.")

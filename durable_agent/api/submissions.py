@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from django.http import HttpRequest
-from ninja import Header, Path, Router, Status
+from ninja import Body, Header, Path, Router, Status
 
 from durable_agent.agents import services
 from durable_agent.agents.errors import SubmissionNotFound
@@ -19,6 +19,7 @@ from durable_agent.api.auth import require_repair
 from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
+from durable_agent.api.repairs import body_reason
 from durable_agent.api.selectors import get_host
 from durable_agent.models import Submission
 from durable_agent.schemas import (
@@ -26,6 +27,7 @@ from durable_agent.schemas import (
     HostKey,
     IdempotencyKey,
     ReceiptOut,
+    RepairIn,
     ResolveIn,
     RowId,
     SubmissionOut,
@@ -33,6 +35,7 @@ from durable_agent.schemas import (
     SubmitIn,
     ThreadKey,
 )
+from durable_agent.text import validate_reason
 
 router = Router(tags=["submissions"])
 IdempotencyHeader = Annotated[IdempotencyKey | None, Header(None, alias="Idempotency-Key")]
@@ -138,11 +141,15 @@ def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> Submissi
     summary="Abort a submission",
     operation_id="abort_submission",
 )
-def abort(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionStatusOut:
+def abort(
+    request: HttpRequest, submission_id: Path[RowId], body: Body[RepairIn | None] = None
+) -> SubmissionStatusOut:
     """End a submission ``aborted``: ready or suspended ones at once; a running one when its
-    attempt sees the intent. Settled or ``unknown`` submissions are 409."""
-    require_repair(request)
-    return _status_out(services.abort(submission_id))
+    attempt sees the intent. Settled or ``unknown`` submissions are 409. Audited with the
+    caller and the optional ``reason``."""
+    caller = require_repair(request)
+    reason = body_reason(request, body)
+    return _status_out(services.abort(submission_id, actor=caller.actor, reason=reason))
 
 
 @router.post(
@@ -154,9 +161,14 @@ def abort(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionStatusO
 def approve(
     request: HttpRequest, submission_id: Path[RowId], body: ApproveIn
 ) -> SubmissionStatusOut:
-    """Approved: it runs again; rejected (``approved: false``): it settles ``failed``."""
-    require_repair(request)
-    return _status_out(services.approve(submission_id, approved=body.approved))
+    """Approved: it runs again; rejected (``approved: false``): it settles ``failed``.
+    Audited (``approve`` or ``reject``) with the caller and the optional ``reason``."""
+    caller = require_repair(request)
+    reason = validate_reason(body.reason)
+    status = services.approve(
+        submission_id, approved=body.approved, actor=caller.actor, reason=reason
+    )
+    return _status_out(status)
 
 
 @router.post(
@@ -168,6 +180,11 @@ def approve(
 def resolve(
     request: HttpRequest, submission_id: Path[RowId], body: ResolveIn
 ) -> SubmissionStatusOut:
-    """``completed``, ``failed`` (settle) or ``retry`` (run again) an ``unknown`` submission."""
-    require_repair(request)
-    return _status_out(services.resolve_unknown(submission_id, outcome=body.outcome))
+    """``completed``, ``failed`` (settle) or ``retry`` (run again) an ``unknown`` submission.
+    Audited (``resolve-unknown``) with the caller and the optional ``reason``."""
+    caller = require_repair(request)
+    reason = validate_reason(body.reason)
+    status = services.resolve_unknown(
+        submission_id, outcome=body.outcome, actor=caller.actor, reason=reason
+    )
+    return _status_out(status)
