@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from django.db.models import Max
 
-from durable_agent import clock
+from durable_agent import clock, signals
 from durable_agent.agents import registry, transitions
 from durable_agent.agents.errors import (
     AgentNotRegistered,
@@ -385,7 +385,7 @@ def _audit(
     generation = (
         MaintenanceState.objects.filter(host_id=row.host_id).values_list("dirty", flat=True).first()
     )
-    AlarmAudit.objects.create(
+    audit = AlarmAudit.objects.create(
         host_id=row.host_id,
         actor=actor,
         action=action,
@@ -401,6 +401,11 @@ def _audit(
         },
         at=now,
     )
+    if signals.repair_performed.has_listeners(AlarmAudit):
+        host = Host.objects.get(pk=row.host_id)
+        signals.send_on_commit(signals.repair_performed, sender=AlarmAudit, host=host, audit=audit)
+    if row.state == SubmissionState.SETTLED:
+        signals.submission_settled_on_commit(row.pk, row.host_id, row.outcome)
 
 
 def _state_of(row: Submission) -> str:

@@ -50,6 +50,7 @@ from durable_agent.maintenance.recovery import (
 from durable_agent.maintenance.transactions import run_alarm_transaction
 from durable_agent.maintenance.waves import Executor
 from durable_agent.models import BindingRetry, Host, MaintenanceState, MutationTicket
+from durable_agent.observability import log_extra
 from durable_agent.runtime import RecoverySweep, Runtime, WorkItem, stable_external_wait
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -297,12 +298,13 @@ class NativeStep:
             logger.error(
                 "Thread parked until its agent binding registry changes; "
                 "original work remains pending",
-                extra={
-                    "host": self.host.key,
-                    "work_thread": head.thread,
-                    "submission_id": head.submission,
-                    "error": str(binding_failure),
-                },
+                extra=log_extra(
+                    self.host,
+                    thread_key=head.thread,
+                    submission_id=head.submission,
+                    error=str(binding_failure),
+                    action="binding_wait",
+                ),
             )
         if binding_failure is not None or previous is not None:
             self._record_binding_wait(head, previous, binding_failure is not None)

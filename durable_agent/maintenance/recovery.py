@@ -21,6 +21,7 @@ from durable_agent.maintenance.due_queue import EPOCH, DueQueue
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
 from durable_agent.maintenance.transactions import run_alarm_transaction
 from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
+from durable_agent.observability import log_extra
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
 
 if TYPE_CHECKING:
@@ -158,7 +159,9 @@ def record_recovery_faults(
         log = logger.critical if fault.failure.get("reason") == "defect" else logger.error
         log(
             "Native Thread recovery blocked; accepted work remains pending",
-            extra={"host": host.key, "work_thread": fault.thread, "failure": fault.failure},
+            extra=log_extra(
+                host, thread_key=fault.thread, failure=fault.failure, action="recovery_fault"
+            ),
         )
     return faults
 

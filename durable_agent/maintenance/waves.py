@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
-from durable_agent import clock, conf
+from durable_agent import clock, conf, observability
 from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff, gate
 from durable_agent.maintenance.alarm import Checkpoint
@@ -257,7 +257,10 @@ def run_wave(
     if now >= until or now + allowance > dispatch_end:
         return False, row.due_at  # not admitted: no claim, no debit
     context = LaneContext(host=host, lane=spec.lane, deadline=now + allowance, _cancelled=cancelled)
-    return run_queued(host, row, lambda: spec.run(context), observed, allowance=allowance)
+    with observability.span(
+        "durable_agent.wave", host_key=host.key, host_id=host.pk, lane=row.lane
+    ):
+        return run_queued(host, row, lambda: spec.run(context), observed, allowance=allowance)
 
 
 def join(
