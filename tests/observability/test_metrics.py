@@ -115,10 +115,12 @@ def test_passes_run_without_prometheus_client(
 ) -> None:
     import sys
 
+    import durable_agent.contrib
     from durable_agent import observability
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
     monkeypatch.delitem(sys.modules, "durable_agent.contrib.metrics", raising=False)
+    monkeypatch.delattr(durable_agent.contrib, "metrics", raising=False)
     assert observability._metrics() is None
     runtime.submit(host, "t1")
     assert run_pass(host).phase == "actionable"
