@@ -81,3 +81,34 @@ def test_spans__a_no_op_without_opentelemetry(
     with gate.transaction(host):
         pass
     assert spans.get_finished_spans() == ()
+
+
+@pytest.mark.postgres  # SQLite's shared in-memory test database locks across threads
+@pytest.mark.threads
+@pytest.mark.django_db(transaction=True)
+def test_spans__waves_on_the_thread_pool_stay_children_of_the_pass(
+    clock: FakeClock, runtime: ScriptedRuntime, spans: InMemorySpanExporter
+) -> None:
+    import threading
+
+    from durable_agent.maintenance.waves import close_thread_pool
+    from tests.factories import HostFactory
+
+    host = HostFactory(key="pooled")
+    threads: set[int] = set()
+    lanes.register("outbox", lambda ctx: threads.add(threading.get_ident()))
+    lanes.register("mailer", lambda ctx: threads.add(threading.get_ident()))
+    caught_up(host)
+    gate.schedule(host, "outbox", clock.now())
+    gate.schedule(host, "mailer", clock.now())
+    spans.clear()
+    try:
+        run_pass(host)
+    finally:
+        close_thread_pool()
+    assert threading.get_ident() not in threads  # the waves ran on the pool
+    finished = spans.get_finished_spans()
+    [pass_span] = [s for s in finished if s.name == "durable_agent.pass"]
+    waves = [s for s in finished if s.name == "durable_agent.wave"]
+    assert len(waves) == 2
+    assert {s.parent.span_id for s in waves} == {pass_span.context.span_id}
