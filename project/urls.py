@@ -19,4 +19,3 @@ except ImportError:  # pragma: no cover - prometheus_client is not installed
     pass
 else:
     urlpatterns.append(path("internal/metrics", metrics_view))
-
