@@ -7,6 +7,12 @@ class BenchConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        import os
+
+        if os.environ.get("DA_SOAK"):
+            from bench import faults
+
+            faults.install()  # the soak's error accounting in every soak process
         from bench.benchapp import agents  # noqa: F401  (registers the soak agents)
         from durable_agent import lanes
 
