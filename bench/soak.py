@@ -222,9 +222,11 @@ class PostgresLog:
         tag = f"@{self.dbname} "
         ours = [line for line in lines if tag in line]
         out: list[str] = []
+        shown = -1
         for i, line in enumerate(ours):
-            if "deadlock detected" in line:
-                out += ours[i : i + 6]  # ERROR, DETAIL (both processes), HINT, CONTEXT, STATEMENT
+            if "deadlock detected" in line and i > shown:
+                out += ours[i : i + 5]  # ERROR, DETAIL, HINT, CONTEXT, STATEMENT
+                shown = i + 4
         return out[:limit]
 
 
