@@ -116,11 +116,13 @@ def _call_agent(fn: registry.AgentFunction, ctx: AgentContext, payload: Any) -> 
 
 
 def _owned(submission: Submission, owner: str) -> Submission | None:
-    return (
-        Submission.objects.select_for_update()
-        .filter(pk=submission.pk, state=SubmissionState.RUNNING, lease_owner=owner)
-        .first()
-    )
+    """The submission row, locked, while ``owner`` still holds its lease (Note [Lock one table])."""
+    try:
+        return Submission.objects.select_for_update(of=("self",)).get(
+            pk=submission.pk, state=SubmissionState.RUNNING, lease_owner=owner
+        )
+    except Submission.DoesNotExist:
+        return None
 
 
 def _lost(host: Host, submission: Submission, action: str) -> None:

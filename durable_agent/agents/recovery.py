@@ -101,7 +101,7 @@ def _sweep(host: Host, thread: str, after: int | None) -> RecoverySweep:
         query = Submission.objects.nonterminal().filter(thread_id=thread_id)
         if after is not None:
             query = query.filter(sequence__gt=after)
-        rows = list(query.select_for_update().order_by("sequence")[: PAGE_SIZE + 1])
+        rows = list(query.select_for_update(of=("self",)).order_by("sequence")[: PAGE_SIZE + 1])
         more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
         changed = False
         for row in rows:

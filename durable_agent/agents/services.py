@@ -228,7 +228,7 @@ def submit(
 def _lock_thread(host_id: int, key: str, now: Any) -> Thread:
     """The thread row, created on first use and locked (Note [Ledger lock order])."""
     Thread.objects.get_or_create(host_id=host_id, key=key, defaults={"created_at": now})
-    return Thread.objects.select_for_update().get(host_id=host_id, key=key)
+    return Thread.objects.select_for_update(of=("self",)).get(host_id=host_id, key=key)
 
 
 def _check_replay(existing: Submission, agent: str, version: str | None, payload: Any) -> None:
@@ -284,10 +284,13 @@ def _host_of(submission_id: int) -> int:
 
 
 def _locked(submission_id: int) -> Submission:
-    row = Submission.objects.select_for_update().filter(pk=submission_id).first()
-    if row is None:
-        raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)
-    return row
+    """The submission row, locked (Note [Lock one table])."""
+    try:
+        return Submission.objects.select_for_update(of=("self",)).get(pk=submission_id)
+    except Submission.DoesNotExist:
+        raise SubmissionNotFound(
+            f"No submission with id {submission_id}", submission=submission_id
+        ) from None
 
 
 def _refuse(row: Submission, operation: str, hint: str) -> InvalidSubmissionState:

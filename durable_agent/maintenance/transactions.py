@@ -5,6 +5,18 @@ Note [Lock order]
     writes the schedule row. Nothing else takes these locks in another order, and one alarm
     transaction touches exactly one host, so alarm transactions cannot deadlock each other or
     django-q's scheduler (which locks only schedule rows).
+
+Note [Lock one table]
+    Every row lock names the one table it means. On PostgreSQL, ``FOR UPDATE`` without ``OF``
+    locks a row of every table in the ``FROM`` clause, and the ORM adds joins behind one's
+    back: ``.first()`` orders by the model's default ``ordering``, which for a submission
+    joins its thread and host, so ``select_for_update().filter(...).first()`` also locked the
+    host row, ahead of the state row, and deadlocked against a commit's foreign-key check
+    (``FOR KEY SHARE`` on that host row). So locks are ``select_for_update(of=("self",))``
+    with ``.get()`` (which drops the ordering) or an explicit single-table ``order_by``, and
+    the SQL written by hand in ``rows.py`` locks one table. tests/test_locks.py captures every
+    ``FOR UPDATE`` the suite issues and fails on one that locks a table it did not name, or
+    that takes its tables out of the order of Note [Lock order] and Note [Ledger lock order].
 """
 
 from __future__ import annotations
