@@ -1,7 +1,7 @@
 """Error accounting for the chaos soak: every error is recorded, classified and attributed.
 
 Each soak process (clusters, the API server, producers, the soak itself) writes one JSON line
-per error to ``$SOAK_ERROR_DIR/<os pid>.jsonl``: where it happened, its kind, and the
+per error to ``$BENCH_ERROR_DIR/<os pid>.jsonl``: where it happened, its kind, and the
 PostgreSQL backend pids of the connections the failing thread (and the pass's thread pool)
 used. The soak then decides for each error whether a fault it injected explains it: only a
 ``connection_terminated`` error whose thread had a connection the soak terminated with
@@ -9,8 +9,10 @@ used. The soak then decides for each error whether a fault it injected explains 
 is recovered by leases and the sweep); a deadlock, a serialization failure or anything else
 is never injected and fails the run.
 
-Installed by ``bench.benchapp`` when ``DA_SOAK`` is set: a ``connection_created`` receiver that
-notes each connection's backend pid, a logging handler for every record at ERROR or above,
+Installed by ``bench.benchapp`` when ``BENCH_ERROR_DIR`` is set (the soak sets it, and
+``bench.common.cluster`` for the benchmarks' clusters, which inject no faults: there every error
+fails the run): a ``connection_created`` receiver that notes each connection's backend pid
+(and writes it to ``<os pid>.conns``), a logging handler for every record at ERROR or above,
 and django-q's ``post_execute_in_worker`` signal for failed tasks (recorded in the worker,
 whose connection failed, not in the monitor that logs them again).
 """
@@ -122,8 +124,8 @@ def set_request(request_id: str | None) -> None:
 
 
 def record(source: str, kind: str, message: str, *, pid: int | None = None, **extra: Any) -> None:
-    """Append one error to this process's file (a no-op without ``SOAK_ERROR_DIR``)."""
-    directory = os.environ.get("SOAK_ERROR_DIR")
+    """Append one error to this process's file (a no-op without ``BENCH_ERROR_DIR``)."""
+    directory = os.environ.get("BENCH_ERROR_DIR")
     if not directory:
         return
     line = {
@@ -154,6 +156,15 @@ def read(directory: str | Path) -> list[dict[str, Any]]:
             if line.strip():
                 rows.append(json.loads(line))
     return rows
+
+
+def read_connections(directory: str | Path) -> dict[int, int]:
+    """Backend pid -> the OS pid of the process that opened it."""
+    owners = {}
+    for path in Path(directory).glob("*.conns"):
+        for line in path.read_text(encoding="utf-8").split():
+            owners[int(line)] = int(path.stem)
+    return owners
 
 
 class ErrorLogHandler(logging.Handler):
@@ -191,6 +202,10 @@ def _note_backend_pid(sender: Any, connection: Any, **kwargs: Any) -> None:
     if pid:
         with _opened_lock:
             _opened.append((time.time(), pid, threading.current_thread().name))
+        directory = os.environ.get("BENCH_ERROR_DIR")
+        if directory:
+            with open(Path(directory) / f"{os.getpid()}.conns", "a", encoding="utf-8") as out:
+                out.write(f"{pid}\n")
 
 
 def _task_done(sender: Any, task: dict[str, Any], **kwargs: Any) -> None:

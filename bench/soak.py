@@ -120,7 +120,11 @@ class Chaos:
     kills: int = 0
     restarts: int = 0
     killed_os_pids: set[int] = field(default_factory=set)
-    terminated_pids: set[int] = field(default_factory=set)
+    terminated: dict[int, float] = field(default_factory=dict)  # backend pid -> when
+
+    @property
+    def terminated_pids(self) -> set[int]:
+        return set(self.terminated)
 
 
 @dataclass
@@ -190,7 +194,7 @@ def terminate_connections(rng: random.Random, chaos: Chaos) -> None:
         )
         pids = [row[0] for row in cursor.fetchall()]
         for pid in rng.sample(pids, min(len(pids), rng.randint(1, 3))):
-            chaos.terminated_pids.add(pid)  # before: its owner may fail at once
+            chaos.terminated[pid] = time.time()  # before: its owner may fail at once
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
@@ -537,7 +541,7 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     errors_dir = Path(tempfile.mkdtemp(prefix="soak-"))
-    os.environ["SOAK_ERROR_DIR"] = str(errors_dir)
+    os.environ["BENCH_ERROR_DIR"] = str(errors_dir)
     setup()
     from django.conf import settings
     from django.db import connections
@@ -710,11 +714,11 @@ def main() -> int:
         f"{agent}: {outcome}"
         for agent, outcome in Submission.objects.values_list("agent", "outcome")
     )
-    runs: dict[int, list[tuple[int | None, int | None]]] = {}
-    for sid, os_pid, db_pid in Execution.objects.order_by("id").values_list(
-        "submission_id", "os_pid", "db_pid"
+    runs: dict[int, list[tuple[float, int | None, int | None]]] = {}
+    for sid, at, os_pid, db_pid in Execution.objects.order_by("id").values_list(
+        "submission_id", "at", "os_pid", "db_pid"
     ):
-        runs.setdefault(sid, []).append((os_pid, db_pid))
+        runs.setdefault(sid, []).append((at.timestamp(), os_pid, db_pid))
     wrong_outcome, ran_wrongly = [], []
     for sid, agent, outcome in Submission.objects.filter(state="settled").values_list(
         "id", "agent", "outcome"
@@ -729,13 +733,25 @@ def main() -> int:
         if (outcome == "completed") != (sid in runs):
             ran_wrongly.append((sid, agent, outcome, len(runs.get(sid, []))))
     reran = {sid: r for sid, r in runs.items() if len(r) > 1}
+    owners = faults.read_connections(errors_dir)
+
+    def crashed(first: tuple[float, int | None, int | None], then: float) -> bool:
+        """The process that ran ``first`` was killed, or lost a connection to the chaos
+        between (about) that run and the next one."""
+        at, os_pid, db_pid = first
+        return (
+            os_pid in chaos.killed_os_pids
+            or db_pid in chaos.terminated
+            or any(
+                owners.get(pid) == os_pid and at - 5 <= when <= then
+                for pid, when in chaos.terminated.items()
+            )
+        )
+
     unexplained_reruns = {
         sid: r
         for sid, r in reran.items()
-        if not all(
-            os_pid in chaos.killed_os_pids or db_pid in chaos.terminated_pids
-            for os_pid, db_pid in r[:-1]
-        )
+        if not all(crashed(r[i], r[i + 1][0]) for i in range(len(r) - 1))
     }
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
     passes = PassRecord.objects.count()
@@ -745,7 +761,7 @@ def main() -> int:
     (errors_dir / "chaos.json").write_text(
         json.dumps(
             {
-                "terminated_pids": sorted(chaos.terminated_pids),
+                "terminated": chaos.terminated,
                 "killed_os_pids": sorted(chaos.killed_os_pids),
                 "failed_requests": tally.failed_requests,
             }

@@ -9,10 +9,10 @@ class BenchConfig(AppConfig):
     def ready(self) -> None:
         import os
 
-        if os.environ.get("DA_SOAK"):
+        if os.environ.get("BENCH_ERROR_DIR"):
             from bench import faults
 
-            faults.install()  # the soak's error accounting in every soak process
+            faults.install()  # error accounting in every process of the soak or a benchmark
         from bench.benchapp import agents  # noqa: F401  (registers the soak agents)
         from durable_agent import lanes
 
