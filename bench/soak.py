@@ -12,8 +12,9 @@ For ``--seconds``:
   served by a threaded WSGI server process (bench/soak_server.py): shared threads and new
   ones, each request with its own idempotency key, retried with that key until answered;
 - ``--operators`` threads repair at the same time, half through the API and half through the
-  Python services: rearm, run a pass, unpark, and approve, reject or abort every submission of
-  the ``soak-approval`` agent (which suspends for approval);
+  Python services: rearm, run a pass, schedule lane work, unpark a lane (a 404 or 409 when it
+  is not parked), and approve, reject or abort every submission of the ``soak-approval`` agent
+  (which suspends for approval);
 - a chaos loop SIGKILLs whole clusters (and restarts them) and terminates random PostgreSQL
   connections of the soak database with ``pg_terminate_backend``.
 
@@ -52,6 +53,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -365,7 +367,8 @@ def operator(
     from django.db import connections
 
     import durable_agent
-    from durable_agent.maintenance import alarm, repairs
+    from durable_agent import clock
+    from durable_agent.maintenance import alarm, gate, repairs
     from durable_agent.models import Submission
 
     rng = random.Random(seed)
@@ -438,8 +441,11 @@ def operator(
         if chaos_over.is_set():
             continue  # only decisions once chaos stops: let the hosts settle
         host = f"soak-{rng.randrange(hosts)}"
-        action = rng.choice(["rearm", "pass", "unpark"])
-        if rng.random() < 0.5:
+        action = rng.choice(["rearm", "pass", "unpark", "schedule"])
+        if action == "schedule":  # lane work (a source mutation), so unpark finds lanes
+            due = clock.now() + timedelta(seconds=rng.uniform(0, 2))
+            python(action, functools.partial(gate.schedule, host, "bench", due))
+        elif rng.random() < 0.5:
             path = {
                 "rearm": f"hosts/{host}/rearm",
                 "pass": f"hosts/{host}/pass",
