@@ -167,6 +167,9 @@ def read_connections(directory: str | Path) -> dict[int, int]:
     return owners
 
 
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
 class ErrorLogHandler(logging.Handler):
     """Records every log record at ERROR or above (bar the duplicates above)."""
 
@@ -181,11 +184,14 @@ class ErrorLogHandler(logging.Handler):
             message = rec.getMessage()
             if rec.name.startswith("django-q") and message.startswith(_DUPLICATE_PREFIXES):
                 return
-            text = message
+            # The record's extras carry the cause of some errors ("failure" of a recovery
+            # fault: the diagnostic of what failed), as its exception carries others.
+            extras = {k: v for k, v in rec.__dict__.items() if k not in _STANDARD}
+            text = f"{message} {json.dumps(extras, default=str)}" if extras else message
             kind = classify_text(text)
             if rec.exc_info and rec.exc_info[1] is not None:
                 kind = classify(rec.exc_info[1])
-                text = f"{message}: {type(rec.exc_info[1]).__name__}: {rec.exc_info[1]}"
+                text = f"{text}: {type(rec.exc_info[1]).__name__}: {rec.exc_info[1]}"
             elif kind == "other":
                 kind = "other:log"
             record(f"{self.source}:log:{rec.name}", kind, text, pid=backend_pid())

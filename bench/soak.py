@@ -66,7 +66,7 @@ os.environ.setdefault("DA_SOAK", "1")
 os.environ.setdefault("SOAK_SOURCE", "soak")
 
 from bench import faults
-from bench.common import ROOT, reset, setup
+from bench.common import ROOT, percentile, reset, setup
 
 AGENTS = ["soak-safe", "soak-plain", "soak-approval"]
 AGENT_WEIGHTS = [45, 45, 10]
@@ -551,7 +551,7 @@ def main() -> int:
     setup()
     from django.conf import settings
     from django.db import connections
-    from django.db.models import Count, Max
+    from django.db.models import Count
 
     from bench.benchapp.models import Execution
     from durable_agent.api.tokens import issue_token
@@ -762,7 +762,10 @@ def main() -> int:
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
     passes = PassRecord.objects.count()
     failed_passes = PassRecord.objects.filter(phase="failed").count()
-    max_late = PassRecord.objects.aggregate(m=Max("lateness_ms"))["m"]
+    lateness = sorted(
+        PassRecord.objects.exclude(lateness_ms=None).values_list("lateness_ms", flat=True)
+    )
+    late = {q: percentile(lateness, q) for q in (50, 99, 100)}
     injected, unexplained, samples = judge(faults.read(errors_dir), tally, chaos)
     (errors_dir / "chaos.json").write_text(
         json.dumps(
@@ -833,7 +836,10 @@ def main() -> int:
                 f"| errors not explained (by kind) | {dict(sorted(unexplained.items()))} |",
                 f"| pg_stat_database.deadlocks growth | {deadlocks_grew} |",
                 f"| passes recorded / failed | {passes} / {failed_passes} |",
-                f"| max lateness ms | {max_late} |",
+                f"| pass lateness ms p50 / p99 / max | {late[50]:.0f} / {late[99]:.0f} / "
+                f"{late[100]:.0f} |",
+                "| load average at the end (1, 5, 15 min; "
+                f"{os.cpu_count()} cores) | {' / '.join(f'{x:.1f}' for x in os.getloadavg())} |",
                 f"| audit | {'clean' if summary.ok else summary.as_dict()} |",
                 f"| result | {'PASS' if not failures else 'FAIL: ' + ', '.join(failures)} |",
             ]
