@@ -515,9 +515,22 @@ def judge(
             kinds = ",".join(sorted({c["kind"] for c in server_causes})) or "no cause recorded"
             unexplained[f"{label}: {kinds}"] += 1
             samples.append({**failed, "causes": server_causes})
+    # django-q's pusher exits 10 s after its broker fails ("let the sentinel handle it"),
+    # and the sentinel logs its restart: explained when that failure was.
+    pusher_failures = [
+        (row["source"].split(":")[0], row["at"])
+        for row in rows
+        if row["message"].startswith("Failed to pull task from broker") and excused(row)
+    ]
     for row in rows:
         if row.get("request") in explained_requests and row["source"].startswith("server"):
             continue  # the cause of a 5xx counted above
+        if row["message"].startswith("reincarnated pusher") and any(
+            source == row["source"].split(":")[0] and 0 <= row["at"] - at <= 30
+            for source, at in pusher_failures
+        ):
+            injected[f"cluster: pusher restarted after {faults.TERMINATED}"] += 1
+            continue
         parts = row["source"].split(":")
         where = ":".join([parts[0].rstrip("0123456789"), *parts[1:2]])
         if excused(row):
