@@ -158,12 +158,14 @@ def read(directory: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def read_connections(directory: str | Path) -> dict[int, int]:
-    """Backend pid -> the OS pid of the process that opened it."""
+def read_connections(directory: str | Path) -> dict[int, tuple[int, str]]:
+    """Backend pid -> the OS pid and the source (``cluster0``...) of the process that opened
+    it."""
     owners = {}
     for path in Path(directory).glob("*.conns"):
-        for line in path.read_text(encoding="utf-8").split():
-            owners[int(line)] = int(path.stem)
+        for line in path.read_text(encoding="utf-8").splitlines():
+            pid, source = line.split(" ", 1)
+            owners[int(pid)] = (int(path.stem), source)
     return owners
 
 
@@ -211,7 +213,7 @@ def _note_backend_pid(sender: Any, connection: Any, **kwargs: Any) -> None:
         directory = os.environ.get("BENCH_ERROR_DIR")
         if directory:
             with open(Path(directory) / f"{os.getpid()}.conns", "a", encoding="utf-8") as out:
-                out.write(f"{pid}\n")
+                out.write(f"{pid} {os.environ.get('SOAK_SOURCE', 'process')}\n")
 
 
 def _task_done(sender: Any, task: dict[str, Any], **kwargs: Any) -> None:

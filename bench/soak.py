@@ -43,6 +43,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -488,7 +489,10 @@ def wait_for_server(port: int, token: str, server: subprocess.Popen[bytes]) -> N
 
 
 def judge(
-    rows: list[dict[str, Any]], tally: Tally, chaos: Chaos
+    rows: list[dict[str, Any]],
+    tally: Tally,
+    chaos: Chaos,
+    owners: dict[int, tuple[int, str]],
 ) -> tuple[Counter[str], Counter[str], list[dict[str, Any]]]:
     """Split every error into injected (by kind) and unexplained (by kind, with samples)."""
     injected: Counter[str] = Counter()
@@ -515,21 +519,23 @@ def judge(
             kinds = ",".join(sorted({c["kind"] for c in server_causes})) or "no cause recorded"
             unexplained[f"{label}: {kinds}"] += 1
             samples.append({**failed, "causes": server_causes})
-    # django-q's pusher exits 10 s after its broker fails ("let the sentinel handle it"),
-    # and the sentinel logs its restart: explained when that failure was.
-    pusher_failures = [
-        (row["source"].split(":")[0], row["at"])
-        for row in rows
-        if row["message"].startswith("Failed to pull task from broker") and excused(row)
-    ]
+
+    def restart_explained(row: dict[str, Any]) -> bool:
+        """django-q's sentinel restarts a pusher or monitor that died of a lost connection
+        (the pusher exits 10 s after its broker fails; the monitor dies of the exception):
+        explained when the soak terminated a connection of that cluster just before."""
+        cluster = row["source"].split(":")[0]
+        return any(
+            owners.get(pid, (0, ""))[1] == cluster and 0 <= row["at"] - when <= 30
+            for pid, when in chaos.terminated.items()
+        )
+
     for row in rows:
         if row.get("request") in explained_requests and row["source"].startswith("server"):
             continue  # the cause of a 5xx counted above
-        if row["message"].startswith("reincarnated pusher") and any(
-            source == row["source"].split(":")[0] and 0 <= row["at"] - at <= 30
-            for source, at in pusher_failures
-        ):
-            injected[f"cluster: pusher restarted after {faults.TERMINATED}"] += 1
+        restarted = re.match(r"reincarnated (\w+) .* after sudden death", row["message"])
+        if restarted and restart_explained(row):
+            injected[f"cluster: {restarted[1]} restarted after {faults.TERMINATED}"] += 1
             continue
         parts = row["source"].split(":")
         where = ":".join([parts[0].rstrip("0123456789"), *parts[1:2]])
@@ -762,7 +768,7 @@ def main() -> int:
             os_pid in chaos.killed_os_pids
             or db_pid in chaos.terminated
             or any(
-                owners.get(pid) == os_pid and at - 5 <= when <= then
+                owners.get(pid, (0, ""))[0] == os_pid and at - 5 <= when <= then
                 for pid, when in chaos.terminated.items()
             )
         )
@@ -779,7 +785,7 @@ def main() -> int:
         PassRecord.objects.exclude(lateness_ms=None).values_list("lateness_ms", flat=True)
     )
     late = {q: percentile(lateness, q) for q in (50, 99, 100)}
-    injected, unexplained, samples = judge(faults.read(errors_dir), tally, chaos)
+    injected, unexplained, samples = judge(faults.read(errors_dir), tally, chaos, owners)
     (errors_dir / "chaos.json").write_text(
         json.dumps(
             {
