@@ -44,6 +44,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -874,7 +875,9 @@ def main() -> int:
                 print(item, file=sys.stderr)
         if pg_deadlocks:
             print("\nPostgreSQL log (deadlocks):", *pg_deadlocks, sep="\n", file=sys.stderr)
-    return 0 if not failures else 1
+        return 1
+    shutil.rmtree(errors_dir, ignore_errors=True)  # kept, with the cluster logs, on failure
+    return 0
 
 
 if __name__ == "__main__":
