@@ -322,3 +322,23 @@ def test_passes__unknown_head_with_a_follower_is_a_stable_wait(
 
     assert states(head, follower) == [("unknown", None), ("ready", None)]
     assert_quiet(host)
+
+
+def test_passes__abort_of_an_unknown_head_settles_it_and_the_follower_completes(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    """An abort of an ``unknown`` head is accepted: the head ends ``aborted`` and the
+    submission behind it then completes, with no alarm left (docs/pass.md, "Stable waits and
+    what ends them")."""
+    head, follower = submit(host, "a", "charge"), submit(host, "a", "next")
+    crash(head, marked=True)
+    drain(host, clock)
+    assert states(head) == [("unknown", None)]
+
+    status = durable_agent.abort(head)
+
+    assert (status.state, status.outcome) == ("settled", "aborted")
+    drain(host, clock)
+    assert states(head, follower) == [("settled", "aborted"), ("settled", "completed")]
+    assert calls == [("echo", "next")]
+    assert_quiet(host)
