@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
@@ -449,10 +450,14 @@ def _submit_wave(
     observed: Observation,
     until: datetime,
     dispatch_end: datetime,
+    *,
+    admitted: Callable[[], None] | None = None,
 ) -> tuple[str, Future[Any], threading.Event, float]:
     cancelled = threading.Event()
     future = executor.submit(
-        lambda: run_wave(host, spec, row, observed, until, dispatch_end, cancelled)
+        lambda: run_wave(
+            host, spec, row, observed, until, dispatch_end, cancelled, admitted=admitted
+        )
     )
     return row.lane, future, cancelled, spec.allowance_ms / 1000
 
@@ -464,7 +469,13 @@ def _after_native(
     dispatch_end: datetime,
     executor: Executor,
 ) -> list[BaseException]:
-    """After-native waves, round-robin from the lane after the last one admitted (6.9)."""
+    """After-native waves, round-robin from the lane after the last one admitted (6.9).
+
+    They are bounded by ``dispatch_end`` alone, not by the yield point: they run after the
+    native step even in a pass that reached its yield point. A lane is stored as the last one
+    admitted only once its wave has claimed it, so a lane that did not run never moves the
+    rotation on.
+    """
     from durable_agent.maintenance import gate
 
     selected = [s for s in lane_registry.lanes() if s.phase == "after-native"]
@@ -489,13 +500,16 @@ def _after_native(
         if now + timedelta(milliseconds=spec.allowance_ms) > dispatch_end:
             continue
 
-        def admit(
-            state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, lane: str = spec.lane
-        ) -> None:
-            state.last_after_native_lane = lane
+        def admit(lane: str = spec.lane) -> None:
+            def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+                state.last_after_native_lane = lane
 
-        run_alarm_transaction(host, "admit after-native wave", admit)
-        failures += join([_submit_wave(executor, host, spec, found, observed, until, dispatch_end)])
+            run_alarm_transaction(host, "admit after-native wave", fn)
+
+        wave = _submit_wave(
+            executor, host, spec, found, observed, dispatch_end, dispatch_end, admitted=admit
+        )
+        failures += join([wave])
     return failures
 
 

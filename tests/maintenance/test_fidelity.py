@@ -1,0 +1,83 @@
+"""The pass against upstream's rules where the port used to deviate (docs/pass.md).
+
+Every firing goes through django-q's own scheduler and the tasks it enqueues
+(``tests.qdrive``), never ``run_pass`` directly; hence ``transaction=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from durable_agent import lanes
+from durable_agent.maintenance import failpoints, gate
+from durable_agent.models import Host, MaintenanceState
+from durable_agent.testing import FakeClock, ScriptedRuntime
+from tests.maintenance.helpers import caught_up
+from tests.qdrive import fire_due, next_armed
+
+pytestmark = pytest.mark.django_db(transaction=True)
+US = timedelta(microseconds=1)
+
+
+def fire(clock: FakeClock) -> list[Any]:
+    """Move the clock just past the armed slot and let django-q fire it."""
+    due = next_armed()
+    assert due is not None, "no alarm armed"
+    if due >= clock.now():
+        clock.set(due + US)
+    return fire_due(clock)
+
+
+@contextmanager
+def at_the_yield_point(clock: FakeClock) -> Iterator[None]:
+    """Push every pass's clock exactly to its yield point (``YIELD_AFTER_MS`` after its start)
+    right after its begin transaction."""
+
+    def push(name: str) -> None:
+        if name == "maintenance:begin:after":
+            clock.advance(minutes=10)
+
+    with failpoints.installed(push):
+        yield
+
+
+# -- after-native waves ------------------------------------------------------------------
+
+
+def test_after_native__waves_run_at_the_yield_point_and_only_lanes_that_ran_rotate(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    """After-native waves are bounded only by the dispatch deadline (``DISPATCH_UNTIL_MS``),
+    not by the yield point, and the rotation cursor names the last lane whose wave ran: with
+    the pass clock pushed exactly to the yield point and lanes a, b, c due, where each wave
+    takes its whole 100 s allowance of the 4 minutes left, one pass runs a, b and the next
+    c, a (docs/pass.md,
+    "3. After-native waves")."""
+    ran: list[str] = []
+
+    def run(ctx: Any) -> Any:
+        ran.append(ctx.lane)
+        clock.advance(seconds=100)
+        return ctx.now()  # still due: it wants another wave
+
+    for name in ("a", "b", "c"):
+        lanes.register(name, run, phase="after-native", allowance_ms=100_000)
+    caught_up(host)
+    for name in ("a", "b", "c"):
+        gate.schedule(host, name, clock.now())
+
+    with at_the_yield_point(clock):
+        first = fire(clock)
+        assert ran == ["a", "b"]
+        assert MaintenanceState.objects.get(host=host).last_after_native_lane == "b"
+
+        second = fire(clock)
+
+    assert ran == ["a", "b", "c", "a"]
+    assert MaintenanceState.objects.get(host=host).last_after_native_lane == "a"
+    assert [r["alarm"] for r in first + second] == ["rearmed", "rearmed"]  # b, c still due
