@@ -387,3 +387,31 @@ def test_passes__abort_of_an_unknown_head_settles_it_and_the_follower_completes(
     assert states(head, follower) == [("settled", "aborted"), ("settled", "completed")]
     assert calls == [("echo", "next")]
     assert_quiet(host)
+
+
+def test_passes__the_sweep_starts_a_parked_host_after_a_deploy(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    """After a deploy registers a parked head's agent, the backstop sweep (run by the broker
+    once a minute) arms the parked host, and its alarm then settles the head: nothing else
+    has to start the pass (docs/first-agent.md section 11, docs/pass.md "Binding parking")."""
+    from durable_agent.tasks import sweep
+
+    pk = submit(host, "a", 1)
+    registry.unregister("echo", "1")
+    registry.register("other", lambda ctx, payload: None)
+    drain(host, clock)
+    assert BindingRetry.objects.filter(submission=str(pk)).exists()
+    assert_quiet(host)
+
+    @registry.agent("echo")
+    def deployed(ctx: AgentContext, payload: Any) -> Any:
+        calls.append(payload)
+        return payload
+
+    assert sweep()["rearmed"] == 1
+    drain(host, clock)
+
+    assert states(pk) == [("settled", "completed")]
+    assert calls == [1]
+    assert_quiet(host)

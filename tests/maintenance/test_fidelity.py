@@ -81,3 +81,38 @@ def test_after_native__waves_run_at_the_yield_point_and_only_lanes_that_ran_rota
     assert ran == ["a", "b", "c", "a"]
     assert MaintenanceState.objects.get(host=host).last_after_native_lane == "a"
     assert [r["alarm"] for r in first + second] == ["rearmed", "rearmed"]  # b, c still due
+
+
+# -- documented entry points ---------------------------------------------------------------
+
+
+def test_fire_alarm__without_a_deadline_is_guarded_as_if_fired_now(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    """A delivery without its deadline is guarded as if it fired now (docs/pass.md,
+    "fire_alarm"): stale while the slot holds a later time, run once the slot is due."""
+    from durable_agent.maintenance import alarm
+    from durable_agent.tasks import fire_alarm
+
+    item = runtime.submit(host, "t1")
+    slot = alarm.scheduled(host)
+    assert slot is not None
+    assert slot > clock.now()
+
+    assert fire_alarm(host.pk)["phase"] == "stale"
+    assert not item.settled
+
+    clock.set(slot)
+    assert fire_alarm(host.pk)["phase"] == "actionable"
+    assert item.settled
+
+
+def test_admin__the_ledger_models_are_registered() -> None:
+    """durable_agent registers Thread and Submission in the admin itself
+    (docs/first-agent.md section 6)."""
+    from django.contrib import admin
+
+    from durable_agent.models import Submission, Thread
+
+    assert admin.site.is_registered(Submission)
+    assert admin.site.is_registered(Thread)
