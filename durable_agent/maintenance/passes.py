@@ -326,6 +326,9 @@ def _run_event(
         else:
             observed.native_only = False
         failures += join(waves)
+        if not failures and native.started.actionable:  # Note [Deliver what the pass produced]
+            refill = _refill_waves(host, waves, observed, yield_after, dispatch_until, executor)
+            failures += join(refill)
         failures += _after_native(host, observed, yield_after, dispatch_until, executor)
     finally:
         executor.shutdown()
@@ -440,6 +443,45 @@ def _admit_waves(
             continue
         waves.append(_submit_wave(executor, host, spec, row, observed, until, dispatch_end))
     return waves
+
+
+# Note [Deliver what the pass produced]
+#     Upstream's scheduling loop starts another wave of a concurrent lane whenever its last one
+#     ended and the lane is due again, until the yield point. The port admits its concurrent
+#     waves when the pass starts, so work the native step produced (the ``cleared`` recovery
+#     event of a fault it just cleared, say) would wait for the next pass and keep the alarm
+#     armed. So once the native step and the first waves have ended, every concurrent lane that
+#     is due again gets one more wave, unless its first wave failed in this pass. One round:
+#     a lane's claim sets a retry floor, so only new source progress makes it due again. Only
+#     after a native step that ran: a caught-up pass produced nothing and keeps its constant
+#     number of queries.
+
+
+def _refill_waves(
+    host: Host,
+    done: list[tuple[str, Future[Any], threading.Event, float]],
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[tuple[str, Future[Any], threading.Event, float]]:
+    """One more wave for each concurrent lane that became due while the native step ran
+    (Note [Deliver what the pass produced])."""
+    from durable_agent.maintenance import gate
+
+    failed = {
+        lane
+        for lane, future, _, _ in done
+        if not future.done() or future.cancelled() or future.exception() is not None
+    }
+    if clock.now() >= until:
+        return []
+    rows = [Lane.from_model(r) for r in host.lanes.all()]
+    rows = [r for r in rows if r.lane not in failed]
+    producing = frozenset(gate.active_lanes(host))
+    return _admit_waves(
+        host, rows, producing, "concurrent", observed, until, dispatch_end, executor
+    )
 
 
 def _submit_wave(

@@ -116,3 +116,56 @@ def test_admin__the_ledger_models_are_registered() -> None:
 
     assert admin.site.is_registered(Submission)
     assert admin.site.is_registered(Thread)
+
+
+# -- recovery events -----------------------------------------------------------------------
+
+
+def test_recovery_events__a_cleared_fault_is_delivered_in_the_pass_that_clears_it(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    """When a retried abort settles and its fault clears, the ``cleared`` event is delivered
+    and the alarm cleared within that same pass: events the pass created are delivered
+    before it finishes, so a quiet host ends with no alarm (docs/pass.md, "Recovery events
+    and the recovery_fault signal")."""
+    from durable_agent.models import RecoveryEvent, RecoveryFault
+    from durable_agent.runtime import RecoveryReport, RecoverySweep
+    from durable_agent.signals import recovery_fault
+
+    item = runtime.submit(host, "a")
+    runtime.abort_intents[item.submission] = clock.now()
+    reads: list[str] = []
+
+    def read_abort_intent(host: Any, submission: str) -> object | None:
+        reads.append(submission)
+        if len(reads) == 1:
+            raise RuntimeError("ledger unavailable")
+        return runtime.abort_intents.get(submission)
+
+    def settle_aborted(cursor: str | None) -> RecoverySweep:
+        item.state, item.outcome = "settled", "aborted"
+        report = RecoveryReport("a", item.submission, "SettleAborted", "repaired")
+        return RecoverySweep(reports=(report,))
+
+    runtime.read_abort_intent = read_abort_intent  # type: ignore[method-assign]
+    runtime.script_recovery(host, "a", settle_aborted)
+    delivered: list[str] = []
+
+    def receive(sender: Any, host: Host, event: RecoveryEvent, **_: Any) -> None:
+        delivered.append(event.transition)
+
+    recovery_fault.connect(receive, sender=RecoveryEvent, dispatch_uid="fidelity-events")
+    try:
+        fire(clock)
+        assert RecoveryFault.objects.filter(host=host).exists()
+        assert delivered == ["created"]  # delivered in the pass that created it, too
+        while RecoveryFault.objects.filter(host=host).exists():
+            fire(clock)
+    finally:
+        recovery_fault.disconnect(sender=RecoveryEvent, dispatch_uid="fidelity-events")
+
+    assert item.outcome == "aborted"
+    assert delivered == ["created", "cleared"]
+    assert next_armed() is None  # that same pass cleared the alarm
+    state = MaintenanceState.objects.get(host=host)
+    assert state.recovery_event_acknowledged == state.recovery_event_sequence == 2
