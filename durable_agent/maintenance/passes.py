@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agent import clock, conf
-from durable_agent.errors import AlarmError
+from durable_agent.errors import AlarmError, PassFailed
 from durable_agent.maintenance import backoff, failpoints, lane_registry, lease
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry, retry_deadline
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
@@ -333,10 +333,22 @@ def _run_event(
     finally:
         executor.shutdown()
     if failures:
-        raise failures[0]
+        raise combined(failures)
     _check_deadline(event_deadline)
     phase = PassPhase.ACTIONABLE.value if started.actionable else result.phase
     return result, phase, native.recovery.recovered, native.settled
+
+
+def combined(failures: list[BaseException]) -> BaseException:
+    """The one error a pass raises for all of its failures (6.10): the failure itself when
+    there is one, else a :class:`PassFailed` carrying each. An interruption that is not an
+    ``Exception`` (``KeyboardInterrupt``, ``SystemExit``) propagates as it is."""
+    for failure in failures:
+        if not isinstance(failure, Exception):
+            return failure
+    if len(failures) == 1:
+        return failures[0]
+    return PassFailed([f for f in failures if isinstance(f, Exception)])
 
 
 @dataclass

@@ -169,3 +169,39 @@ def test_recovery_events__a_cleared_fault_is_delivered_in_the_pass_that_clears_i
     assert next_armed() is None  # that same pass cleared the alarm
     state = MaintenanceState.objects.get(host=host)
     assert state.recovery_event_acknowledged == state.recovery_event_sequence == 2
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+def test_failures__a_pass_raises_and_records_every_failure(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    """When an attempt fails and an admitted wave also overruns its allowance, the pass's
+    one error carries both, the PassRecord keeps both, and the API's pass record (which the
+    admin's host page shows too) lists both (docs/pass.md, "Failures: rearm_failure, then
+    re-raise")."""
+    from durable_agent.errors import AlarmError, PassFailed
+    from durable_agent.models import PassRecord
+    from durable_agent.schemas import PassRecordOut
+
+    runtime.submit(host, "t1", behaviour="raise")
+
+    def slow(ctx: Any) -> None:
+        clock.advance(seconds=2)  # past its 1 s allowance
+
+    lanes.register("outbox", slow, allowance_ms=1_000)
+    gate.schedule(host, "outbox", clock.now())
+
+    with pytest.raises(PassFailed) as caught:
+        fire(clock)
+
+    first, second = caught.value.exceptions
+    assert isinstance(first, RuntimeError)
+    assert isinstance(second, AlarmError)
+    assert second.operation == "host dispatch allowance"
+    record = PassRecord.objects.get(host=host, phase="failed")
+    assert "RuntimeError: attempt of" in record.error
+    assert "host dispatch allowance" in record.error
+    assert PassRecordOut.model_validate(record).error == record.error
+    assert next_armed() is not None  # rearm_failure kept the alarm armed
