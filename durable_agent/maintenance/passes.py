@@ -317,9 +317,12 @@ def _run_event(
         native = NativeStep(host, runtime, started, yield_after, executor)
         observed.native_only = started.actionable and not waves
         try:
-            if not _publication_barrier(host, rows, observed, yield_after, dispatch_until):
+            pending = _publication_barrier(host, rows, observed, yield_after, dispatch_until)
+            if pending is not None:
                 native.started = replace(started, actionable=False)
-            result = native.run()
+                result = NativeResult("caught-up", started.nonterminal, pending.next_at)
+            else:
+                result = native.run()
         except BaseException as exc:
             failures.append(exc)
             result = NativeResult("caught-up", started.nonterminal, None)
@@ -360,25 +363,39 @@ class Begun:
     producing: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class PublicationPending:
+    """The publication lane still owes work: the native step waits until ``next_at``."""
+
+    next_at: datetime | None
+
+
 def _publication_barrier(
     host: Host,
     rows: list[Lane],
     observed: Observation,
     until: datetime,
     dispatch_end: datetime,
-) -> bool:
+) -> PublicationPending | None:
     """Run a due publication wave before the native step (6.4 step 1).
 
-    Returns False while publication is still pending or parked: the native step then waits.
+    Returns None when publication is idle. While it is still pending or parked, the native
+    step waits, and the native lane's next time is the publication lane's deadline (no sooner
+    than the minimum alarm delay; none while it is parked) rather than the minimum delay, so
+    a pending publication is retried on its own backoff (1 s, 2 s, ... after each claim).
     """
     row = next((r for r in rows if r.lane == PUBLICATION), None)
     if row is None:
-        return True
+        return None
     spec = lane_registry.handler(PUBLICATION)
     if spec is not None and row.due_at is not None and row.due_at <= clock.now():
         run_wave(host, spec, row, observed, until, dispatch_end, threading.Event())
         row = next((Lane.from_model(r) for r in host.lanes.filter(lane=PUBLICATION)), row)
-    return row.due_at is None and not row.parked
+    if row.due_at is None and not row.parked:
+        return None
+    if row.parked or row.due_at is None:
+        return PublicationPending(None)
+    return PublicationPending(max(clock.now() + conf.minimum_alarm_delay(), row.due_at))
 
 
 def _begin(

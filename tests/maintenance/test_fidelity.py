@@ -205,3 +205,40 @@ def test_failures__a_pass_raises_and_records_every_failure(
     assert "host dispatch allowance" in record.error
     assert PassRecordOut.model_validate(record).error == record.error
     assert next_armed() is not None  # rearm_failure kept the alarm armed
+
+
+# -- publication ---------------------------------------------------------------------------
+
+
+def test_publication__a_pending_publication_holds_the_native_step_until_its_own_deadline(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    """The publication lane runs before the native step (a barrier); while it is still
+    pending the native step waits and the alarm is set at the publication lane's deadline,
+    not re-armed at the minimum delay; once it is idle the native work runs and the host goes
+    quiet (docs/lanes.md, "Framework lanes"; docs/pass.md, "2. Concurrent waves and the native
+    step")."""
+    from durable_agent.models import DueLane
+
+    published: list[Any] = []
+
+    def publish(ctx: Any) -> Any:
+        published.append(ctx.now())
+        return ctx.now() + timedelta(seconds=10) if len(published) == 1 else None
+
+    lanes.install_framework("agent:publication", publish)
+    item = runtime.submit(host, "t1")
+
+    first = fire(clock)
+    assert len(published) == 1
+    assert not item.settled
+    assert next_armed() == published[0] + timedelta(seconds=10)
+    assert DueLane.objects.get(host=host, lane="agent:native").stalls <= 1
+
+    results = list(first)
+    while next_armed() is not None:
+        results += fire(clock)
+
+    assert len(published) == 2
+    assert item.settled
+    assert all(r["phase"] in ("actionable", "caught-up", "stale") for r in results)
