@@ -234,9 +234,9 @@ def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> Submissi
 def abort(
     request: HttpRequest, submission_id: Path[RowId], body: Body[RepairIn | None] = None
 ) -> SubmissionStatusOut:
-    """End a submission ``aborted``: ready or suspended ones at once; a running one when its
-    attempt sees the intent. Settled or ``unknown`` submissions are 409. Audited with the
-    caller and the optional ``reason``."""
+    """End a submission ``aborted``: ready, suspended or ``unknown`` ones at once; a running one
+    when its attempt sees the intent. Settled submissions are 409. Audited with the caller and
+    the optional ``reason``."""
     caller = require_repair(request)
     reason = body_reason(request, body)
     return _status_out(services.abort(submission_id, actor=caller.actor, reason=reason))
