@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,6 +59,12 @@ class _NoSpan:
         pass
 
 
+@functools.cache
+def _tracer() -> Any:
+    """The tracer, got once: the API's proxy follows a provider installed later."""
+    return _trace.get_tracer(TRACER_NAME)
+
+
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[Any]:
     """A span called ``name`` with ``attributes`` (None values left out), current for the
@@ -65,7 +72,7 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
     if _trace is None:
         yield _NoSpan()
         return
-    tracer = _trace.get_tracer(TRACER_NAME)
+    tracer = _tracer()
     attrs = {f"durable_agent.{k}": v for k, v in attributes.items() if v is not None}
     with tracer.start_as_current_span(name, attributes=attrs) as current:
         yield current
