@@ -37,6 +37,7 @@ Note [Select again after recovery]
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -228,7 +229,7 @@ class NativeStep:
             try:  # Note [A hung runtime call is abandoned]
                 intent = bounded_call(
                     READ_ABORT_INTENT,
-                    lambda head=head: self.runtime.read_abort_intent(self.host, head.submission),
+                    functools.partial(self.runtime.read_abort_intent, self.host, head.submission),
                 )
             except Exception as exc:
                 sweep = RecoverySweep(

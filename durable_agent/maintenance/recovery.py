@@ -8,6 +8,7 @@ at least once, by the recovery-events lane to the ``recovery_fault`` signal.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ def recover_thread(host: Host, runtime: Runtime, thread: str, recovery: NativeRe
     while True:
         try:
             sweep = bounded_call(
-                RUN_RECOVERY, lambda cursor=cursor: runtime.run_recovery(host, thread, cursor)
+                RUN_RECOVERY, functools.partial(runtime.run_recovery, host, thread, cursor)
             )
         except RecoveryTimeout as exc:  # Note [A hung runtime call is abandoned]
             sweep = RecoverySweep(blocked=(blocked_failure(thread, exc, RUN_RECOVERY),))
