@@ -85,13 +85,6 @@ class RearmRefused(AlarmError):
     code = "rearm_refused"
 
 
-class RecoveryTimeout(DurableAgentError):
-    """A recovery read of the runtime did not return within RECOVERY_TIMEOUT_MS; the pass
-    abandoned it and faulted its thread (retried after 5 s, 10, 20, 40, 60 ...)."""
-
-    code = "recovery_timeout"
-
-
 class LaneNotRegistered(DurableAgentError):
     """No handler registered for scheduled lane; register it with durable_agent.lanes.register."""
 

@@ -16,13 +16,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import clock
-from durable_agent.errors import RecoveryTimeout
 from durable_agent.maintenance import backoff, failpoints, gate, work_cursors
 from durable_agent.maintenance.alarm import Checkpoint
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
 from durable_agent.maintenance.transactions import run_alarm_transaction
-from durable_agent.maintenance.waves import bounded_call
+from durable_agent.maintenance.waves import RecoveryTimeout, bounded_call
 from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from django.db import connections
 
 from durable_agent import clock, conf
-from durable_agent.errors import AlarmError, LaneNotRegistered, RecoveryTimeout
+from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff, gate
 from durable_agent.maintenance.alarm import Checkpoint
 from durable_agent.maintenance.due_queue import DueQueue, Lane
@@ -160,6 +160,16 @@ def close_thread_pool() -> None:
 
 
 _runners = threading.local()
+
+
+class RecoveryTimeout(TimeoutError):
+    """A recovery read of the runtime did not return within ``RECOVERY_TIMEOUT_MS``; the pass
+    abandoned it. Never leaves the pass: the thread gets a recovery fault instead."""
+
+    def __init__(self, message: str, *, operation: str, timeout_ms: int) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.timeout_ms = timeout_ms
 
 
 def bounded_call(operation: str, fn: Callable[[], T]) -> T:
