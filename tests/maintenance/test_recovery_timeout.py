@@ -1,5 +1,5 @@
 """Recovery reads of the runtime are bounded by ``RECOVERY_TIMEOUT_MS`` (docs/pass.md,
-"Recovery faults": "A recovery read that does not return").
+"A recovery read that does not return").
 
 The reads block on an ``Event`` on real threads, so the timeout is real time: it is set to
 200 ms (1 s in one test) and each hung read would block 20 s. Every firing goes through
@@ -58,7 +58,7 @@ def test_read_abort_intent__a_hung_read_faults_its_thread_with_timeout_and_other
     thread gets a recovery fault with reason ``timeout`` and operation ``read abort intent``
     retried 5 s later, and work on another thread settles in the same pass; once the read
     answers again, the retry clears the fault and the thread's work runs (docs/pass.md,
-    "Recovery faults")."""
+    "A recovery read that does not return")."""
     hung = runtime.submit(host, "a")
     other = runtime.submit(host, "b")
     release = threading.Event()
@@ -102,7 +102,8 @@ def test_run_recovery__a_hung_sweep_in_an_attempt_faults_with_timeout_and_others
     """A hung recovery read in a head's attempt is cut off at the recovery timeout: the head
     is not processed, its thread gets a recovery fault with reason ``timeout`` and operation
     ``run recovery``, the other thread's head settles in the same pass, and the retry 5 s
-    later clears the fault once the read answers (docs/pass.md, "Recovery faults")."""
+    later clears the fault once the read answers (docs/pass.md, "A recovery
+    read that does not return")."""
     # b's attempt writes while a's waits: give it a whole second to finish first (SQLite's
     # in-memory test database refuses a second writer instead of waiting).
     settings.DURABLE_AGENT = {**settings.DURABLE_AGENT, "RECOVERY_TIMEOUT_MS": 1000}
@@ -142,7 +143,8 @@ def test_run_recovery__a_hung_backlog_sweep_is_abandoned_and_its_late_answer_dis
     """Old-work recovery of a thread whose read hangs is cut off at the recovery timeout with a
     ``timeout`` fault (operation ``run recovery``); the abandoned read's late answer is
     discarded (no work cursor is saved from it, the fault stays), and the retry sweeps the
-    thread afresh and clears the fault (docs/pass.md, "Recovery faults").
+    thread afresh and clears the fault (docs/pass.md, "A recovery
+    read that does not return").
 
     No other thread has work here: SQLite's in-memory test database refuses a second writer
     outright ("database table is locked") instead of waiting, and the pass's main thread
