@@ -26,6 +26,9 @@ class Setting:
     doc: str = ""
 
 
+DAY_MS = 86_400_000
+MAX_RETENTION_MS = 36_500 * DAY_MS
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ALARM_BACKOFF_BASE_MS",
@@ -157,6 +160,46 @@ SETTINGS: tuple[Setting, ...] = (
         "Refused API tokens a client address may send per minute before 429s (0 = no limit).",
     ),
     Setting(
+        "RETENTION_PASS_RECORDS_MS",
+        30 * DAY_MS,
+        (int, type(None)),
+        1_000,
+        MAX_RETENTION_MS,
+        "PassRecord rows older than this are pruned by the sweep (None = only PASS_HISTORY).",
+    ),
+    Setting(
+        "RETENTION_AUDIT_MS",
+        365 * DAY_MS,
+        (int, type(None)),
+        1_000,
+        MAX_RETENTION_MS,
+        "AlarmAudit rows older than this are pruned by the sweep (None = keep forever).",
+    ),
+    Setting(
+        "RETENTION_RECOVERY_EVENTS_MS",
+        30 * DAY_MS,
+        (int, type(None)),
+        1_000,
+        MAX_RETENTION_MS,
+        "Delivered RecoveryEvent rows are pruned this long after delivery (None = keep).",
+    ),
+    Setting(
+        "RETENTION_TASKS_MS",
+        7 * DAY_MS,
+        (int, type(None)),
+        1_000,
+        MAX_RETENTION_MS,
+        "django-q Task rows of the alarm task older than this are pruned (None = keep).",
+    ),
+    Setting(
+        "RETENTION_BATCH_SIZE",
+        500,
+        int,
+        1,
+        10_000,
+        "Rows the sweep deletes per table per run, in one short transaction each.",
+    ),
+    Setting(
         "CLOCK",
         None,
         (str, type(None)),
@@ -179,6 +222,10 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 def _raw() -> dict[str, Any]:
     value = getattr(settings, "DURABLE_AGENT", None) or {}
     return dict(value) if isinstance(value, dict) else {}
+
+
+def get_default(name: str) -> Any:
+    return _BY_NAME[name].default
 
 
 def get(name: str) -> Any:
@@ -269,3 +316,28 @@ def clock_callable() -> Callable[[], datetime] | None:
 def random_callable() -> Callable[[], float] | None:
     path = get("RANDOM")
     return None if path is None else import_string(path)
+
+
+def _retention(name: str) -> timedelta | None:
+    value = get(name)
+    return None if value is None else timedelta(milliseconds=int(value))
+
+
+def retention_pass_records() -> timedelta | None:
+    return _retention("RETENTION_PASS_RECORDS_MS")
+
+
+def retention_audits() -> timedelta | None:
+    return _retention("RETENTION_AUDIT_MS")
+
+
+def retention_recovery_events() -> timedelta | None:
+    return _retention("RETENTION_RECOVERY_EVENTS_MS")
+
+
+def retention_tasks() -> timedelta | None:
+    return _retention("RETENTION_TASKS_MS")
+
+
+def retention_batch_size() -> int:
+    return int(get("RETENTION_BATCH_SIZE"))

@@ -37,16 +37,17 @@ def sweep() -> dict[str, int]:
     Finds hosts that owe work (a dirty generation or a lane deadline) with a missing or
     disarmed slot (a crash between django-q's fire and the pass's first commit, a database
     outage, a hand edit), and hosts with binding retries recorded under another registry key
-    (a deploy), and runs ``ensure_alarm`` on each; deletes long-expired mutation tickets.
+    (a deploy), and runs ``ensure_alarm`` on each; then prunes one batch per table of the rows
+    past their retention (``durable_agent.maintenance.retention``): old pass records, audit
+    rows, delivered recovery events, long-expired mutation tickets and alarm task results.
     ``AlarmBroker`` runs it every minute; without that broker, schedule this task yourself.
+    Returns ``rearmed`` and the number of rows pruned per table.
     """
-    from datetime import timedelta
-
     from django.db.models import F, Q
 
-    from durable_agent import clock
+    from durable_agent.maintenance import retention
     from durable_agent.maintenance.passes import ensure_alarm
-    from durable_agent.models import BindingRetry, DueLane, MaintenanceState, MutationTicket
+    from durable_agent.models import BindingRetry, DueLane, MaintenanceState
     from durable_agent.runtime import get_runtime
 
     disarmed = Q(host__alarm__isnull=True) | Q(host__alarm__repeats=0)
@@ -69,9 +70,9 @@ def sweep() -> dict[str, int]:
             rearmed += 1
         except Exception:
             logger.exception("Sweep could not re-arm host %s", host_id)
-    expired, _ = MutationTicket.objects.filter(
-        expires_at__lte=clock.now() - timedelta(hours=1)
-    ).delete()
+    pruned = retention.prune()
     if rearmed:
         logger.warning("Sweep re-armed %d hosts whose alarm was missing", rearmed)
-    return {"rearmed": rearmed, "expired_tickets": expired}
+    if any(pruned.values()):
+        logger.info("Sweep pruned %s", ", ".join(f"{k}={v}" for k, v in pruned.items() if v))
+    return {"rearmed": rearmed, **pruned}

@@ -16,6 +16,13 @@ from tests.qdrive import drain_alarms, fire_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MS = timedelta(milliseconds=1)
+NOTHING_PRUNED = {
+    "pruned_pass_records": 0,
+    "pruned_audits": 0,
+    "pruned_recovery_events": 0,
+    "expired_tickets": 0,
+    "pruned_tasks": 0,
+}
 
 
 def test_fire_alarm__the_scheduler_fires_the_slot_and_the_pass_runs(
@@ -103,12 +110,12 @@ def test_sweep__re_arms_a_dirty_host_whose_slot_was_lost(
     clean = Host.objects.create(key="clean")
     Schedule.objects.update(repeats=0)  # fired by django-q; the task then died before begin
     assert alarm.scheduled(host) is None
-    assert sweep() == {"rearmed": 1, "expired_tickets": 0}
+    assert sweep() == {"rearmed": 1, **NOTHING_PRUNED}
     assert alarm.scheduled(host) is not None
     assert alarm.scheduled(clean) is None
     drain_alarms(clock)
     assert item.settled
-    assert sweep() == {"rearmed": 0, "expired_tickets": 0}
+    assert sweep() == {"rearmed": 0, **NOTHING_PRUNED}
 
 
 def test_sweep__applies_a_binding_registry_change(
