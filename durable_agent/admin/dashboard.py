@@ -9,6 +9,7 @@ from datetime import datetime
 
 from durable_agent.admin import charts, queries
 from durable_agent.admin import formatting as fmt
+from durable_agent.maintenance import selectors
 from durable_agent.models import DueLane, Host, PassRecord, RecoveryFault
 
 UPCOMING_LIMIT = 30
@@ -37,6 +38,7 @@ class Dashboard:
     overdue: tuple[Item, ...]
     parked: tuple[Item, ...]
     faults: tuple[Item, ...]
+    failing: tuple[Item, ...] = ()
 
 
 def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
@@ -61,6 +63,11 @@ def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
     )
     parked = DueLane.objects.parked().select_related("host").order_by("host__key", "lane")
     faults = RecoveryFault.objects.select_related("host").order_by("retry_at", "pk")
+    failing = (
+        selectors.annotate_hosts(Host.objects.all())
+        .filter(selectors.failing())
+        .order_by("-failed_passes", "key")[:LIST_LIMIT]
+    )
     return Dashboard(
         now=fmt.timestamp(now),
         counts=counts,
@@ -98,5 +105,15 @@ def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
                 f"retry {fmt.relative(fault.retry_at, now)}",
             )
             for fault in faults[:LIST_LIMIT]
+        ),
+        failing=tuple(
+            Item(
+                h.key,
+                host_url(h.pk),
+                f"{h.failed_passes} failed passes in a row",
+                fmt.timestamp(h.last_pass_at),
+                h.last_error.splitlines()[0][:160] if h.last_error else "",
+            )
+            for h in failing
         ),
     )

@@ -18,7 +18,7 @@ from durable_agent.admin import formatting as fmt
 from durable_agent.admin.base import ReadOnlyAdmin
 from durable_agent.admin.confirm import Confirmation, confirm
 from durable_agent.admin.forms import RearmAtForm, ReasonForm
-from durable_agent.maintenance import alarm, repairs
+from durable_agent.maintenance import alarm, repairs, selectors
 from durable_agent.maintenance.alarm import slot_deadline
 from durable_agent.models import Host
 
@@ -27,10 +27,15 @@ def _slot_text(when: Any) -> str:
     return fmt.timestamp(when) if when else "disarmed"
 
 
+def _badge(tone: str, text: str) -> str:
+    return format_html('<span class="da-badge da-badge-{}">{}</span>', tone, text)
+
+
 @admin.register(Host)
 class HostAdmin(ReadOnlyAdmin[Host]):
     list_display = [
         "key",
+        "health",
         "kind",
         "generations",
         "lag",
@@ -43,6 +48,7 @@ class HostAdmin(ReadOnlyAdmin[Host]):
     ]
     list_display_links = ["key"]
     list_filter = [
+        filters.FailingFilter,
         filters.OverdueFilter,
         filters.ParkedFilter,
         filters.FaultedFilter,
@@ -65,6 +71,20 @@ class HostAdmin(ReadOnlyAdmin[Host]):
         return queries.annotate_hosts(super().get_queryset(request))
 
     # -- columns ---------------------------------------------------------------------------
+
+    @admin.display(description="health", ordering="-failed_passes")
+    def health(self, host: Host) -> Any:
+        seen = selectors.verdict(host)
+        if seen.failing:
+            return format_html(
+                '<span class="da-badge da-badge-bad" title="{}">failing</span>',
+                f"{seen.failed_passes} failed passes in a row: {seen.last_error[:200]}",
+            )
+        if seen.overdue:
+            return _badge("bad", "overdue")
+        if seen.parked_lanes or seen.faults:
+            return _badge("warn", "needs a look")
+        return _badge("ok", "ok")
 
     @admin.display(description="kind", ordering="single_thread")
     def kind(self, host: Host) -> str:
@@ -183,6 +203,9 @@ class HostAdmin(ReadOnlyAdmin[Host]):
             "app_label": self.opts.app_label,
             "dashboard": dashboard.load(clock.now(), host_url),
             "host_list_url": reverse(f"{name}:durable_agent_host_changelist", current_app=name),
+            "submission_list_url": reverse(
+                f"{name}:durable_agent_submission_changelist", current_app=name
+            ),
             "media": self.media,
         }
         request.current_app = name
