@@ -220,9 +220,9 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
         if not page:
             break
         ids = [h.pk for h in page]
-        states = {s.host_id: s for s in MaintenanceState.objects.filter(host_id__in=ids)}
+        states = {s.host_id: s for s in MaintenanceState.objects.filter(host_id__in=ids).order_by()}
         lanes: dict[int, list[DueLane]] = {}
-        for lane in DueLane.objects.filter(host_id__in=ids):
+        for lane in DueLane.objects.filter(host_id__in=ids).order_by():
             lanes.setdefault(lane.host_id, []).append(lane)
         results += [
             audit_host(
