@@ -34,19 +34,16 @@ def _badge(tone: str, text: str) -> str:
 @admin.register(Host)
 class HostAdmin(ReadOnlyAdmin[Host]):
     list_display = [
-        "key",
+        "key_and_kind",
         "health",
-        "kind",
         "generations",
-        "lag",
         "slot",
-        "slot_lateness",
         "parked",
         "faults",
         "binding_retries",
         "last_pass",
     ]
-    list_display_links = ["key"]
+    list_display_links = ["key_and_kind"]
     list_filter = [
         filters.FailingFilter,
         filters.OverdueFilter,
@@ -82,39 +79,51 @@ class HostAdmin(ReadOnlyAdmin[Host]):
             )
         if seen.overdue:
             return _badge("bad", "overdue")
-        if seen.parked_lanes or seen.faults:
-            return _badge("warn", "needs a look")
+        if seen.parked_lanes:
+            return _badge("warn", "parked")
+        if seen.faults:
+            return _badge("warn", "faulted")
         return _badge("ok", "ok")
 
-    @admin.display(description="kind", ordering="single_thread")
-    def kind(self, host: Host) -> str:
-        return "single" if host.single_thread else "shared"
+    @admin.display(description="key", ordering="key")
+    def key_and_kind(self, host: Host) -> Any:
+        """The key, marked when the host is single-thread (shared is the default)."""
+        if host.single_thread:
+            return format_html('{} <span class="da-kind">single</span>', host.key)
+        return host.key
 
-    @admin.display(description="dirty / processed", ordering="gen_dirty")
-    def generations(self, host: Host) -> str:
-        return f"{getattr(host, 'gen_dirty', '?')} / {getattr(host, 'gen_processed', '?')}"
-
-    @admin.display(description="lag", ordering="gen_lag")
-    def lag(self, host: Host) -> Any:
+    @admin.display(description="dirty / processed", ordering="gen_lag")
+    def generations(self, host: Host) -> Any:
+        dirty, processed = getattr(host, "gen_dirty", "?"), getattr(host, "gen_processed", "?")
         lag = getattr(host, "gen_lag", 0)
-        return format_html('<span class="da-tone-warn">{}</span>', lag) if lag else lag
+        if lag:
+            return format_html(
+                '<span class="da-tone-warn" title="lag {}">{} / {}</span>', lag, dirty, processed
+            )
+        return f"{dirty} / {processed}"
 
     @admin.display(description="slot", ordering="slot_at")
-    def slot(self, host: Host) -> str:
-        return _slot_text(getattr(host, "slot_at", None))
-
-    @admin.display(description="overdue")
-    def slot_lateness(self, host: Host) -> Any:
+    def slot(self, host: Host) -> Any:
+        """The slot's time and, below it, how far it is (or how late, in warning colours)."""
         slot_at = getattr(host, "slot_at", None)
+        if slot_at is None:
+            return "disarmed"
         now = clock.now()
         late = queries.overdue_by(slot_at, now)
-        if slot_at is None:
-            return "-"
         if late is None:
-            return fmt.relative(slot_at, now)
-        tone = "bad" if late > queries.OVERDUE_AFTER else "warn"
+            when = format_html('<span class="da-muted">{}</span>', fmt.relative(slot_at, now))
+        else:
+            tone = "bad" if late > queries.OVERDUE_AFTER else "warn"
+            when = format_html(
+                '<span class="da-tone-{}">by {}</span>', tone, fmt.duration_between(now, slot_at)
+            )
+        day, _, time = fmt.timestamp(slot_at).partition(" ")
         return format_html(
-            '<span class="da-tone-{}">by {}</span>', tone, fmt.duration_between(now, slot_at)
+            '<span class="da-nowrap">{}</span> <span class="da-nowrap">{}</span>'
+            '<div class="da-slot-when">{}</div>',
+            day,
+            time,
+            when,
         )
 
     @admin.display(description="parked", ordering="parked_lanes")

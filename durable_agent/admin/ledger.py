@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.templatetags.admin_list import _boolean_icon
 from django.db.models import (
     BooleanField,
     Case,
@@ -27,7 +28,6 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from django.contrib.admin.templatetags.admin_list import _boolean_icon
 from django.utils.html import format_html, format_html_join
 
 from durable_agent.admin import filters

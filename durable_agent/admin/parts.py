@@ -235,10 +235,8 @@ class PassRecordAdmin(_HostLinkMixin, HostPartAdmin[PassRecord]):
         "phase_shown",
         "lateness",
         "duration",
-        "recovered",
-        "settled",
-        "alarm",
-        "generation",
+        "work",
+        "alarm_and_generation",
         "error_shown",
     ]
     list_filter = ["phase", "alarm"]
@@ -261,6 +259,15 @@ class PassRecordAdmin(_HostLinkMixin, HostPartAdmin[PassRecord]):
         first = record.error.splitlines()[0]
         short = first if len(first) <= ERROR_SHOWN else first[: ERROR_SHOWN - 1] + "…"
         return format_html('<span class="da-error" title="{}">{}</span>', record.error, short)
+
+    @admin.display(description="recovered / settled")
+    def work(self, record: PassRecord) -> str:
+        return f"{record.recovered} / {record.settled}"
+
+    @admin.display(description="alarm (generation)", ordering="alarm")
+    def alarm_and_generation(self, record: PassRecord) -> str:
+        alarm = record.alarm or "-"
+        return alarm if record.generation is None else f"{alarm} ({record.generation})"
 
     @admin.display(description="lateness", ordering="lateness_ms")
     def lateness(self, record: PassRecord) -> str:
