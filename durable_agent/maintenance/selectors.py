@@ -216,9 +216,10 @@ def failing_hint(error: str) -> str:
     """What an operator can do about a failing host, from its last pass error."""
     if error.startswith("LaneNotRegistered"):
         return (
-            "A lane is scheduled but no handler is registered for it in this deployment: "
-            "register the handler (durable_agent.lanes.register) and deploy, or cancel the "
-            "lane. The next pass then succeeds and the host is healthy again."
+            "A lane is scheduled but no handler is registered for it in the processes that "
+            "run the passes: register the handler (durable_agent.lanes.register, in an "
+            "AppConfig.ready()) and deploy. The next pass (or Run pass now) then succeeds and "
+            "the host is healthy again."
         )
     return (
         "Every recent pass raised this error. Fix its cause (the traceback is in the worker "
