@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin
@@ -47,7 +47,7 @@ class ReadOnlyAdmin(_Base[_M]):
     def has_repair_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm(REPAIR_PERMISSION))
 
-    def get_list_display(self, request: HttpRequest) -> Sequence[Any]:
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
         """Datetime columns in the host page's format (``2030-01-01 00:00:05 UTC``), not the
         locale's: one date format across the admin."""
         return [_utc_column(self.model, name) for name in super().get_list_display(request)]

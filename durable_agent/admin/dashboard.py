@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db.models import F
+
 from durable_agent.admin import charts, queries
 from durable_agent.admin import formatting as fmt
 from durable_agent.maintenance import selectors
@@ -41,6 +43,17 @@ class Dashboard:
     failing: tuple[Item, ...] = ()
 
 
+def _failing_item(host: Host, host_url: Callable[[int], str]) -> Item:
+    error = str(getattr(host, "last_error", "") or "")
+    return Item(
+        host.key,
+        host_url(host.pk),
+        f"{getattr(host, 'failed_passes', 0)} failed passes in a row",
+        fmt.timestamp(getattr(host, "last_pass_at", None)),
+        error.splitlines()[0][:160] if error else "",
+    )
+
+
 def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
     """Read the dashboard (a constant number of queries, whatever the number of hosts)."""
     counts = queries.dashboard_counts(now)
@@ -66,7 +79,7 @@ def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
     failing = (
         selectors.annotate_hosts(Host.objects.all())
         .filter(selectors.failing())
-        .order_by("-failed_passes", "key")[:LIST_LIMIT]
+        .order_by(F("failed_passes").desc(), "key")[:LIST_LIMIT]
     )
     return Dashboard(
         now=fmt.timestamp(now),
@@ -106,14 +119,5 @@ def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
             )
             for fault in faults[:LIST_LIMIT]
         ),
-        failing=tuple(
-            Item(
-                h.key,
-                host_url(h.pk),
-                f"{h.failed_passes} failed passes in a row",
-                fmt.timestamp(h.last_pass_at),
-                h.last_error.splitlines()[0][:160] if h.last_error else "",
-            )
-            for h in failing
-        ),
+        failing=tuple(_failing_item(h, host_url) for h in failing),
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.templatetags.admin_list import _boolean_icon
 from django.db.models import (
     BooleanField,
     Case,
@@ -27,6 +26,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -219,7 +219,9 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
         # (a settled submission is not "not the head": the question does not apply).
         if submission.state == SubmissionState.SETTLED:
             return "-"
-        return _boolean_icon(bool(getattr(submission, "is_head", False)))
+        head = bool(getattr(submission, "is_head", False))
+        icon = static(f"admin/img/icon-{'yes' if head else 'no'}.svg")
+        return format_html('<img src="{}" alt="{}">', icon, head)
 
     def change_view(
         self,
