@@ -31,15 +31,41 @@ from durable_agent.runtime import Settlement
 logger = logging.getLogger("durable_agent.agents")
 
 
+def holds_thread(state: str, agent: str, version: str) -> bool:
+    """Does an ``unknown`` submission keep the later submissions of its thread waiting?
+
+    Only when its agent is registered with ``strict_order=True``. Otherwise the outcome
+    waits alone for its operator and the next submission becomes the head (Note [An unknown
+    outcome waits alone]).
+    """
+    if state != SubmissionState.UNKNOWN:
+        return False
+    spec = registry.lookup(agent, version)
+    return spec is not None and spec.strict_order
+
+
 def head_of(host: Host, thread: str) -> Submission | None:
-    """The thread's head: its first nonterminal submission (FIFO by sequence)."""
-    return (
+    """The thread's head: its first nonterminal submission (FIFO by sequence), skipping the
+    ``unknown`` ones that do not hold the thread.
+
+    Note [An unknown outcome waits alone]
+        An ``unknown`` submission waits for an operator (``resolve_unknown`` or ``abort``).
+        Like upstream, it does not hold up its thread: the submission behind it becomes the
+        head and runs. An agent registered with ``strict_order=True`` keeps strict FIFO: its
+        unknown submission stays the head and the thread waits with it.
+    """
+    rows = (
         Submission.objects.nonterminal()
         .filter(host=host, thread__key=thread)
         .select_related("thread")
         .order_by("sequence")
-        .first()
     )
+    for row in rows.iterator(chunk_size=32):
+        if row.state != SubmissionState.UNKNOWN or holds_thread(
+            row.state, row.agent, row.agent_version
+        ):
+            return row
+    return None
 
 
 def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settlement | None:

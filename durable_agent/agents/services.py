@@ -69,6 +69,8 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 SubmissionRef = Submission | int | str
 Resolution = Literal["completed", "failed", "retry"]
 RESOLUTIONS: tuple[str, ...] = ("completed", "failed", "retry")
+_NOT_RUNNING = (SubmissionState.READY, SubmissionState.SUSPENDED, SubmissionState.UNKNOWN)
+"""States ``abort`` settles at once: no attempt is running them."""
 
 
 @dataclass(frozen=True)
@@ -381,16 +383,17 @@ def _status(row: Submission) -> SubmissionStatus:
 def abort(submission: SubmissionRef) -> SubmissionStatus:
     """Ask for a submission to end ``aborted``.
 
-    * ``ready`` or ``suspended`` (nothing is running): settles ``aborted`` at once, wherever
-      it is queued; the thread moves on to its next submission.
+    * ``ready``, ``suspended`` or ``unknown`` (nothing is running): settles ``aborted`` at
+      once, wherever it is queued; the thread moves on to its next submission. For an
+      ``unknown`` one this records that the operator gives up on it: whether its side effect
+      happened stays unknown (use :func:`resolve_unknown` to record what happened instead).
     * ``running``: records the abort intent; the agent's ``ctx.cancelled()`` turns True, and
       the attempt settles ``aborted`` when the agent returns or raises (if its worker dies,
       recovery settles it ``aborted`` once the lease expires).
     * Repeating an abort of a running submission changes nothing.
 
     Raises:
-        InvalidSubmissionState: the submission is settled, or ``unknown`` (use
-            :func:`resolve_unknown`).
+        InvalidSubmissionState: the submission is settled.
         SubmissionNotFound: no such submission.
     """
     submission_id = _submission_id(submission)
@@ -398,10 +401,8 @@ def abort(submission: SubmissionRef) -> SubmissionStatus:
         row = _locked(submission_id)
         if row.state == SubmissionState.SETTLED:
             raise _refuse(row, "abort", "a settled submission cannot change")
-        if row.state == SubmissionState.UNKNOWN:
-            raise _refuse(row, "abort", "resolve it with resolve_unknown()")
         now = clock.now()
-        if row.state in (SubmissionState.READY, SubmissionState.SUSPENDED):
+        if row.state in _NOT_RUNNING:
             fields = transitions.settled(SubmissionOutcome.ABORTED, now)
             _write(row, {**fields, "abort_requested_at": row.abort_requested_at or now})
             tx.record_progress([NATIVE])

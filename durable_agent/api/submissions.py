@@ -139,8 +139,8 @@ def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> Submissi
     operation_id="abort_submission",
 )
 def abort(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionStatusOut:
-    """End a submission ``aborted``: ready or suspended ones at once; a running one when its
-    attempt sees the intent. Settled or ``unknown`` submissions are 409."""
+    """End a submission ``aborted``: ready, suspended or ``unknown`` ones at once; a running one
+    when its attempt sees the intent. Settled submissions are 409."""
     require_repair(request)
     return _status_out(services.abort(submission_id))
 

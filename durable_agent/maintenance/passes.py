@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agent import clock, conf
-from durable_agent.errors import AlarmError
+from durable_agent.errors import AlarmError, PassFailed
 from durable_agent.maintenance import backoff, failpoints, lane_registry, lease
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry, retry_deadline
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
@@ -316,23 +317,41 @@ def _run_event(
         native = NativeStep(host, runtime, started, yield_after, executor)
         observed.native_only = started.actionable and not waves
         try:
-            if not _publication_barrier(host, rows, observed, yield_after, dispatch_until):
+            pending = _publication_barrier(host, rows, observed, yield_after, dispatch_until)
+            if pending is not None:
                 native.started = replace(started, actionable=False)
-            result = native.run()
+                result = NativeResult("caught-up", started.nonterminal, pending.next_at)
+            else:
+                result = native.run()
         except BaseException as exc:
             failures.append(exc)
             result = NativeResult("caught-up", started.nonterminal, None)
         else:
             observed.native_only = False
         failures += join(waves)
+        if not failures and native.started.actionable:  # Note [Deliver what the pass produced]
+            refill = _refill_waves(host, waves, observed, yield_after, dispatch_until, executor)
+            failures += join(refill)
         failures += _after_native(host, observed, yield_after, dispatch_until, executor)
     finally:
         executor.shutdown()
     if failures:
-        raise failures[0]
+        raise combined(failures)
     _check_deadline(event_deadline)
     phase = PassPhase.ACTIONABLE.value if started.actionable else result.phase
     return result, phase, native.recovery.recovered, native.settled
+
+
+def combined(failures: list[BaseException]) -> BaseException:
+    """The one error a pass raises for all of its failures (6.10): the failure itself when
+    there is one, else a :class:`PassFailed` carrying each. An interruption that is not an
+    ``Exception`` (``KeyboardInterrupt``, ``SystemExit``) propagates as it is."""
+    for failure in failures:
+        if not isinstance(failure, Exception):
+            return failure
+    if len(failures) == 1:
+        return failures[0]
+    return PassFailed([f for f in failures if isinstance(f, Exception)])
 
 
 @dataclass
@@ -344,25 +363,39 @@ class Begun:
     producing: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class PublicationPending:
+    """The publication lane still owes work: the native step waits until ``next_at``."""
+
+    next_at: datetime | None
+
+
 def _publication_barrier(
     host: Host,
     rows: list[Lane],
     observed: Observation,
     until: datetime,
     dispatch_end: datetime,
-) -> bool:
+) -> PublicationPending | None:
     """Run a due publication wave before the native step (6.4 step 1).
 
-    Returns False while publication is still pending or parked: the native step then waits.
+    Returns None when publication is idle. While it is still pending or parked, the native
+    step waits, and the native lane's next time is the publication lane's deadline (no sooner
+    than the minimum alarm delay; none while it is parked) rather than the minimum delay, so
+    a pending publication is retried on its own backoff (1 s, 2 s, ... after each claim).
     """
     row = next((r for r in rows if r.lane == PUBLICATION), None)
     if row is None:
-        return True
+        return None
     spec = lane_registry.handler(PUBLICATION)
     if spec is not None and row.due_at is not None and row.due_at <= clock.now():
         run_wave(host, spec, row, observed, until, dispatch_end, threading.Event())
         row = next((Lane.from_model(r) for r in host.lanes.filter(lane=PUBLICATION)), row)
-    return row.due_at is None and not row.parked
+    if row.due_at is None and not row.parked:
+        return None
+    if row.parked or row.due_at is None:
+        return PublicationPending(None)
+    return PublicationPending(max(clock.now() + conf.minimum_alarm_delay(), row.due_at))
 
 
 def _begin(
@@ -441,6 +474,45 @@ def _admit_waves(
     return waves
 
 
+# Note [Deliver what the pass produced]
+#     Upstream's scheduling loop starts another wave of a concurrent lane whenever its last one
+#     ended and the lane is due again, until the yield point. The port admits its concurrent
+#     waves when the pass starts, so work the native step produced (the ``cleared`` recovery
+#     event of a fault it just cleared, say) would wait for the next pass and keep the alarm
+#     armed. So once the native step and the first waves have ended, every concurrent lane that
+#     is due again gets one more wave, unless its first wave failed in this pass. One round:
+#     a lane's claim sets a retry floor, so only new source progress makes it due again. Only
+#     after a native step that ran: a caught-up pass produced nothing and keeps its constant
+#     number of queries.
+
+
+def _refill_waves(
+    host: Host,
+    done: list[tuple[str, Future[Any], threading.Event, float]],
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[tuple[str, Future[Any], threading.Event, float]]:
+    """One more wave for each concurrent lane that became due while the native step ran
+    (Note [Deliver what the pass produced])."""
+    from durable_agent.maintenance import gate
+
+    failed = {
+        lane
+        for lane, future, _, _ in done
+        if not future.done() or future.cancelled() or future.exception() is not None
+    }
+    if clock.now() >= until:
+        return []
+    rows = [Lane.from_model(r) for r in host.lanes.all()]
+    rows = [r for r in rows if r.lane not in failed]
+    producing = frozenset(gate.active_lanes(host))
+    return _admit_waves(
+        host, rows, producing, "concurrent", observed, until, dispatch_end, executor
+    )
+
+
 def _submit_wave(
     executor: Executor,
     host: Host,
@@ -449,10 +521,14 @@ def _submit_wave(
     observed: Observation,
     until: datetime,
     dispatch_end: datetime,
+    *,
+    admitted: Callable[[], None] | None = None,
 ) -> tuple[str, Future[Any], threading.Event, float]:
     cancelled = threading.Event()
     future = executor.submit(
-        lambda: run_wave(host, spec, row, observed, until, dispatch_end, cancelled)
+        lambda: run_wave(
+            host, spec, row, observed, until, dispatch_end, cancelled, admitted=admitted
+        )
     )
     return row.lane, future, cancelled, spec.allowance_ms / 1000
 
@@ -464,7 +540,13 @@ def _after_native(
     dispatch_end: datetime,
     executor: Executor,
 ) -> list[BaseException]:
-    """After-native waves, round-robin from the lane after the last one admitted (6.9)."""
+    """After-native waves, round-robin from the lane after the last one admitted (6.9).
+
+    They are bounded by ``dispatch_end`` alone, not by the yield point: they run after the
+    native step even in a pass that reached its yield point. A lane is stored as the last one
+    admitted only once its wave has claimed it, so a lane that did not run never moves the
+    rotation on.
+    """
     from durable_agent.maintenance import gate
 
     selected = [s for s in lane_registry.lanes() if s.phase == "after-native"]
@@ -489,13 +571,16 @@ def _after_native(
         if now + timedelta(milliseconds=spec.allowance_ms) > dispatch_end:
             continue
 
-        def admit(
-            state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, lane: str = spec.lane
-        ) -> None:
-            state.last_after_native_lane = lane
+        def admit(lane: str = spec.lane) -> None:
+            def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+                state.last_after_native_lane = lane
 
-        run_alarm_transaction(host, "admit after-native wave", admit)
-        failures += join([_submit_wave(executor, host, spec, found, observed, until, dispatch_end)])
+            run_alarm_transaction(host, "admit after-native wave", fn)
+
+        wave = _submit_wave(
+            executor, host, spec, found, observed, dispatch_end, dispatch_end, admitted=admit
+        )
+        failures += join([wave])
     return failures
 
 

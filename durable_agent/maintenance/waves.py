@@ -250,14 +250,26 @@ def run_wave(
     until: datetime,
     dispatch_end: datetime,
     cancelled: threading.Event,
+    *,
+    admitted: Callable[[], None] | None = None,
 ) -> tuple[bool, datetime | None]:
-    """Admit one wave of ``spec`` if it fits before ``dispatch_end``, then run it."""
+    """Admit one wave of ``spec`` if it fits before ``dispatch_end``, then run it.
+
+    ``admitted`` runs once the lane is claimed, before its handler: only a wave that really
+    runs is recorded as admitted (the after-native rotation cursor).
+    """
     now = clock.now()
     allowance = timedelta(milliseconds=spec.allowance_ms)
     if now >= until or now + allowance > dispatch_end:
         return False, row.due_at  # not admitted: no claim, no debit
     context = LaneContext(host=host, lane=spec.lane, deadline=now + allowance, _cancelled=cancelled)
-    return run_queued(host, row, lambda: spec.run(context), observed, allowance=allowance)
+
+    def work() -> datetime | None:
+        if admitted is not None:
+            admitted()
+        return spec.run(context)
+
+    return run_queued(host, row, work, observed, allowance=allowance)
 
 
 def join(

@@ -38,8 +38,9 @@ def test_host_changelist__shows_generations_slot_lanes_faults_and_last_pass(
     assert 'class="da-kind"' not in row  # shared: the default, not marked
     # dirty / processed, in warning colours when they differ
     assert '<span class="da-tone-warn" title="lag 1">4 / 3</span>' in row
-    assert '2030-01-01</span> <span class="da-nowrap">00:02:03.100 UTC' in row  # the slot
-    assert "in 50 ms" in row
+    # the slot: the fault's retry, 5 s on (its events were delivered in the pass itself)
+    assert '2030-01-01</span> <span class="da-nowrap">00:02:08.050 UTC' in row
+    assert "in 5.0 s" in row
     assert '<td class="field-parked"><span class="da-tone-bad">1</span></td>' in row
     assert '<td class="field-faults"><span class="da-tone-bad">1</span></td>' in row
     assert '<td class="field-binding_retries"><span class="da-tone-warn">1</span></td>' in row
