@@ -234,7 +234,7 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
                 stale_bindings=h.n_stale,  # type: ignore[attr-defined]
                 expired=h.n_expired,  # type: ignore[attr-defined]
                 failed_passes=h.n_failed,  # type: ignore[attr-defined]
-                last_error=h.error,  # type: ignore[attr-defined]
+                last_error=h.error or "",  # type: ignore[attr-defined]
             )
             for h in page
         ]

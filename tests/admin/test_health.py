@@ -282,12 +282,18 @@ def test_audit_all__a_constant_number_of_queries_per_page(
     MaintenanceState.objects.bulk_create(
         [MaintenanceState(host=h, dirty=1, processed=1) for h in made]
     )
-    PassRecord.objects.bulk_create(
-        [PassRecord(host=h, started_at=clock.now(), phase="failed", error="E") for h in made]
+    PassRecord.objects.bulk_create(  # failing, succeeding and never-run hosts alike
+        [
+            PassRecord(host=h, started_at=clock.now(), phase="failed", error="E")
+            for h in made[0::3]
+            for _ in range(3)  # FAILING_AFTER_PASSES
+        ]
+        + [PassRecord(host=h, started_at=clock.now(), phase="caught-up") for h in made[1::3]]
     )
     with CaptureQueriesContext(connection) as queries:
         summary = audit_all(registry_key=get_runtime().binding_registry_key())
     assert summary.hosts == hosts
+    assert len(summary.failing) == len(made[0::3])
     # Three per page; a last full page costs one more query (the empty page that ends it).
     expected = 3 * -(-hosts // PAGE_SIZE) + (1 if hosts % PAGE_SIZE == 0 else 0)
     assert len(queries) == expected, "\n".join(q["sql"] for q in queries.captured_queries)
