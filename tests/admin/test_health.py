@@ -206,7 +206,8 @@ def _mixed_fleet(clock: FakeClock, runtime: ScriptedRuntime) -> None:
         _orphan_lane_pass(failing, clock)
     disarmed = HostFactory(key="h-disarmed-but-owing")
     runtime.submit(disarmed, "t1")
-    Schedule.objects.filter(name__contains=str(disarmed.pk)).update(repeats=0)
+    disarmed.refresh_from_db()
+    Schedule.objects.filter(pk=disarmed.alarm_id).update(repeats=0)  # behind the app's back
     HostFactory(key="i-new")  # no state row, no alarm
     clock.advance(minutes=3)  # b-overdue (and every armed slot left behind) is overdue now
 
