@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, IntegerField, OuterRef, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Value
 
 from durable_agent import clock, conf
 from durable_agent.maintenance import selectors
@@ -187,29 +186,18 @@ def audit_host(
     )
 
 
-def _count(queryset: Any) -> Coalesce:
-    counted = (
-        queryset.filter(host=OuterRef("pk"))
-        .order_by()
-        .values("host")
-        .annotate(n=Count("pk"))
-        .values("n")
-    )
-    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
-
-
 def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -> AuditSummary:
     """Audit every host: three queries per page of :data:`PAGE_SIZE` hosts (hosts with their
     per-host counts, their state rows, their lanes), whatever the number of hosts."""
     now = now or clock.now()
     stale = (
-        _count(BindingRetry.objects.exclude(registry_key=registry_key))
+        selectors.count_per_host(BindingRetry.objects.exclude(registry_key=registry_key))
         if registry_key is not None
         else Value(0)
     )
     annotated = Host.objects.select_related("alarm").annotate(
         n_stale=stale,
-        n_expired=_count(MutationTicket.objects.filter(expires_at__lte=now)),
+        n_expired=selectors.count_per_host(MutationTicket.objects.filter(expires_at__lte=now)),
         n_failed=selectors.failure_streak(),
         error=selectors.last_pass_error(),
     )

@@ -100,7 +100,7 @@ def failing() -> Q:
 # -- annotations -----------------------------------------------------------------------------
 
 
-def _count(queryset: QuerySet[Any]) -> Coalesce:
+def count_per_host(queryset: QuerySet[Any]) -> Coalesce:
     """A correlated ``COUNT(*)`` of ``queryset`` rows of the outer host (0 when none)."""
     counted = (
         queryset.filter(host=OuterRef("pk"))
@@ -125,7 +125,7 @@ def failure_streak() -> Coalesce:
         .values("started_at")[:1]
     )
     since = Coalesce(Subquery(last_ok, output_field=DateTimeField()), Value(_BEFORE_ANY_PASS))
-    return _count(PassRecord.objects.filter(phase=PassPhase.FAILED, started_at__gt=since))
+    return count_per_host(PassRecord.objects.filter(phase=PassPhase.FAILED, started_at__gt=since))
 
 
 def last_pass_error() -> Subquery:
@@ -149,9 +149,9 @@ def annotate_hosts(queryset: QuerySet[Host]) -> QuerySet[Host]:
             default=F("alarm__next_run"),
             output_field=DateTimeField(),
         ),
-        parked_lanes=_count(DueLane.objects.filter(state=LaneState.PARKED)),
-        open_faults=_count(RecoveryFault.objects.all()),
-        binding_waits=_count(BindingRetry.objects.all()),
+        parked_lanes=count_per_host(DueLane.objects.filter(state=LaneState.PARKED)),
+        open_faults=count_per_host(RecoveryFault.objects.all()),
+        binding_waits=count_per_host(BindingRetry.objects.all()),
         failed_passes=failure_streak(),
         last_pass_phase=_last_pass("phase"),
         last_pass_lateness=_last_pass("lateness_ms"),
