@@ -106,6 +106,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durable_agent.E009",
             )
         )
+    recovery = raw.get("RECOVERY_TIMEOUT_MS", conf.get("RECOVERY_TIMEOUT_MS"))
+    deadline = timings[2]
+    if isinstance(recovery, int) and isinstance(deadline, int) and recovery >= deadline:
+        errors.append(
+            Error(
+                "DURABLE_AGENT RECOVERY_TIMEOUT_MS must be below EVENT_TIMEOUT_MS.",
+                hint="A recovery read bounded past the pass deadline is never cut off.",
+                id="durable_agent.E011",
+            )
+        )
     errors.extend(_check_q_cluster())
     return errors
 

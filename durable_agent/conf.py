@@ -149,6 +149,14 @@ SETTINGS: tuple[Setting, ...] = (
         "The cooperative deadline of a whole pass.",
     ),
     Setting(
+        "RECOVERY_TIMEOUT_MS",
+        30_000,
+        int,
+        1,
+        3_600_000,
+        "How long a pass waits for one recovery read of the runtime before faulting its thread.",
+    ),
+    Setting(
         "API_AUTH_FAILURES_PER_MINUTE",
         20,
         int,
@@ -251,6 +259,10 @@ def dispatch_until() -> timedelta:
 
 def event_timeout() -> timedelta:
     return timedelta(milliseconds=int(get("EVENT_TIMEOUT_MS")))
+
+
+def recovery_timeout() -> timedelta:
+    return timedelta(milliseconds=int(get("RECOVERY_TIMEOUT_MS")))
 
 
 def api_auth_failures_per_minute() -> int:

@@ -134,6 +134,22 @@ class HostFilterQuery(PageQuery):
     )
 
 
+class SubmissionFilterQuery(Schema):
+    host: HostKey | None = Field(None, description="Only this host's submissions.")
+    thread: ThreadKey | None = Field(None, description="Only threads with this key.")
+    state: SubmissionStateName | None = Field(None, description="Only submissions in this state.")
+    agent: str | None = Field(
+        None, min_length=1, max_length=200, pattern=NO_NUL, description="Only this agent."
+    )
+    limit: int = Field(50, ge=1, le=MAX_PAGE_SIZE)
+    cursor: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The previous page's `next`: the page after it (keyset pagination).",
+    )
+
+
 # -- hosts --------------------------------------------------------------------------------
 
 
@@ -383,6 +399,32 @@ class SubmissionOut(Schema):
     settled_at: datetime | None
 
 
+class SubmissionSummaryOut(Schema):
+    id: int
+    host: str
+    thread: str
+    sequence: int
+    agent: str
+    agent_version: str
+    idempotency_key: str
+    state: SubmissionStateName
+    outcome: OutcomeName | None
+    attempts: int
+    abort_requested_at: datetime | None
+    approval_reason: str | None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None
+
+
+class SubmissionPageOut(Schema):
+    items: list[SubmissionSummaryOut] = Field(description="Newest first (by id, descending).")
+    limit: int
+    next: str | None = Field(
+        description="Pass it as `cursor` for the next page; null on the last page."
+    )
+
+
 class SubmissionStatusOut(Schema):
     submission_id: int
     thread: str
@@ -394,7 +436,9 @@ class SubmissionStatusOut(Schema):
 
 class ApproveIn(ObjectIn):
     approved: StrictBool = Field(True, description="False rejects: the submission settles failed.")
+    reason: Reason = Field("", description="Why; kept in the audit row.")
 
 
 class ResolveIn(ObjectIn):
     outcome: Literal["completed", "failed", "retry"]
+    reason: Reason = Field("", description="Why; kept in the audit row.")

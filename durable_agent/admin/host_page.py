@@ -368,8 +368,8 @@ def load(host: Host, now: datetime) -> HostPage:
                     a.action,
                     a.actor,
                     a.reason,
-                    fmt.timestamp(a.old_deadline) if a.old_deadline else "disarmed",
-                    fmt.timestamp(a.new_deadline) if a.new_deadline else "disarmed",
+                    _audit_deadline(a, a.old_deadline),
+                    _audit_deadline(a, a.new_deadline),
                     str(a.generation),
                     _json(a.detail),
                 ),
@@ -381,3 +381,10 @@ def load(host: Host, now: datetime) -> HostPage:
         audit=audit,
         owed=owed,
     )
+
+
+def _audit_deadline(audit: AlarmAudit, deadline: Any) -> str:
+    """An audit row's deadline; empty for a submission action, which does not move the slot."""
+    if deadline is not None:
+        return fmt.timestamp(deadline)
+    return "" if "submission" in audit.detail else "disarmed"

@@ -263,7 +263,7 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
         call: Any,
     ) -> HttpResponse | None:
         def run(submission: Submission, data: dict[str, Any]) -> str:
-            status = call(submission.pk)
+            status = call(submission.pk, actor=request.user, reason=data["reason"])
             self.log_change(request, submission, f"{action}: {data['reason']}")
             state = status.state + (f"/{status.outcome}" if status.outcome else "")
             return (
@@ -340,5 +340,5 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
                 "Each suspended submission settles 'failed' with error reason 'rejected'. "
                 "Submissions that are not suspended are refused."
             ),
-            call=lambda pk: services.approve(pk, approved=False),
+            call=lambda pk, **audit: services.approve(pk, approved=False, **audit),
         )

@@ -16,7 +16,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from durable_agent import clock
+from durable_agent import clock, signals
 from durable_agent.agents import leases, registry, transitions
 from durable_agent.agents.context import AgentContext, ApprovalRequested
 from durable_agent.agents.errors import InvalidPayload, TransactionMisuse
@@ -26,6 +26,7 @@ from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.transactions import user_atomic_depth
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
+from durable_agent.observability import log_extra
 from durable_agent.runtime import Settlement
 
 logger = logging.getLogger("durable_agent.agents")
@@ -126,7 +127,9 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
                 head.agent,
                 head.pk,
                 exc_info=True,
-                extra={"host": host.key, "thread_key": thread, "submission": head.pk},
+                extra=log_extra(
+                    host, thread_key=thread, submission_id=head.pk, action="agent_failed"
+                ),
             )
             failure = exc
     if approval is not None:
@@ -156,7 +159,7 @@ def _lost(host: Host, submission: Submission, action: str) -> None:
         "Submission %s lost its lease before it could %s; recovery owns it now",
         submission.pk,
         action,
-        extra={"host": host.key, "submission": submission.pk},
+        extra=log_extra(host, submission_id=submission.pk, action="lease_lost"),
     )
 
 
@@ -186,6 +189,7 @@ def _settle(
         fields = transitions.settled(outcome, now, result=stored, error=error)
         Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
         tx.record_progress([NATIVE])
+        signals.submission_settled_on_commit(row.pk, row.host_id, outcome)
     return Settlement(submission.thread.key, str(submission.pk), outcome.value)
 
 
@@ -204,6 +208,8 @@ def _suspend(host: Host, submission: Submission, owner: str, reason: str) -> Set
             fields = transitions.suspended(reason, now)
         Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
         tx.record_progress([NATIVE])
+        if aborted:
+            signals.submission_settled_on_commit(row.pk, row.host_id, SubmissionOutcome.ABORTED)
     if aborted:
         return Settlement(submission.thread.key, str(submission.pk), SubmissionOutcome.ABORTED)
     return None

@@ -37,6 +37,7 @@ Note [Select again after recovery]
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -49,6 +50,7 @@ from durable_agent.maintenance import backoff, failpoints, gate
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry
 from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.recovery import (
+    READ_ABORT_INTENT,
     NativeRecovery,
     blocked_failure,
     load_recovery_faults,
@@ -56,8 +58,9 @@ from durable_agent.maintenance.recovery import (
     recover_thread,
 )
 from durable_agent.maintenance.transactions import run_alarm_transaction
-from durable_agent.maintenance.waves import Executor
+from durable_agent.maintenance.waves import Executor, bounded_call
 from durable_agent.models import BindingRetry, Host, MaintenanceState, MutationTicket
+from durable_agent.observability import log_extra
 from durable_agent.runtime import RecoverySweep, Runtime, WorkItem, stable_external_wait
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -224,12 +227,14 @@ class NativeStep:
                 or head.thread in self.recovery.faults
             ):
                 continue
-            try:
-                with gate.native_source():
-                    intent = self.runtime.read_abort_intent(self.host, head.submission)
+            try:  # Note [A hung runtime call is abandoned]
+                intent = bounded_call(
+                    READ_ABORT_INTENT,
+                    functools.partial(self.runtime.read_abort_intent, self.host, head.submission),
+                )
             except Exception as exc:
                 sweep = RecoverySweep(
-                    blocked=(blocked_failure(head.thread, exc, "read abort intent"),)
+                    blocked=(blocked_failure(head.thread, exc, READ_ABORT_INTENT),)
                 )
                 faults = record_recovery_faults(
                     self.host, self.runtime, sweep, self.recovery, current=current
@@ -315,12 +320,13 @@ class NativeStep:
             logger.error(
                 "Thread parked until its agent binding registry changes; "
                 "original work remains pending",
-                extra={
-                    "host": self.host.key,
-                    "work_thread": head.thread,
-                    "submission_id": head.submission,
-                    "error": str(binding_failure),
-                },
+                extra=log_extra(
+                    self.host,
+                    thread_key=head.thread,
+                    submission_id=head.submission,
+                    error=str(binding_failure),
+                    action="binding_wait",
+                ),
             )
         if binding_failure is not None or previous is not None:
             self._record_binding_wait(head, previous, binding_failure is not None)

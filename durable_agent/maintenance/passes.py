@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from durable_agent import clock, conf
+from durable_agent import clock, conf, observability, signals
 from durable_agent.errors import AlarmError, PassFailed
 from durable_agent.maintenance import backoff, failpoints, lane_registry, lease
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry, retry_deadline
@@ -42,6 +42,7 @@ from durable_agent.maintenance.waves import (
 )
 from durable_agent.models import (
     BindingRetry,
+    DueLane,
     Host,
     MaintenanceState,
     MutationTicket,
@@ -51,6 +52,7 @@ from durable_agent.models import (
 from durable_agent.runtime import Runtime, get_runtime
 
 logger = logging.getLogger("durable_agent.maintenance")
+log_extra = observability.log_extra
 
 
 def _deadline_message() -> str:
@@ -148,28 +150,46 @@ def report_parked(host_id: int) -> int:
         def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> list[Lane]:
             return queue.take_parked_reports()
 
-        from durable_agent.models import DueLane
-
         if not DueLane.objects.filter(host_id=host_id, state="parked", reported=False).exists():
             return 0
         parked = run_alarm_transaction(host_id, "report parked maintenance lanes", fn)
     except Exception:
-        logger.exception("Reporting parked maintenance lanes failed", extra={"host": host_id})
+        logger.exception(
+            "Reporting parked maintenance lanes failed",
+            extra=log_extra(host_id, action="report_parked"),
+        )
         return 0
     for row in parked:
         logger.error(
             "Maintenance lane parked after %d attempts without progress; retrying after %d ms",
             backoff.MAXIMUM_NO_PROGRESS_REARMS,
             backoff.PARKED_RETRY_MS,
-            extra={"host": host_id, "lane": public_lane_name(row.lane), "lane_id": row.lane},
+            extra=log_extra(
+                host_id, lane=public_lane_name(row.lane), lane_id=row.lane, action="lane_parked"
+            ),
         )
+    _signal_parked(host_id, parked)
     return len(parked)
+
+
+def _signal_parked(host_id: int, parked: list[Lane]) -> None:
+    """``lane_parked`` for each newly parked lane (only when a receiver is connected)."""
+    if not parked or not signals.lane_parked.has_listeners(DueLane):
+        return
+    host = Host.objects.filter(pk=host_id).first()
+    for row in parked:
+        signals.send_on_commit(
+            signals.lane_parked,
+            sender=DueLane,
+            host=host,
+            lane=row.lane,
+        )
 
 
 def run_pass(
     host: Host | str | int, *, deadline: datetime | None = None, guard: bool = False
 ) -> PassReport:
-    """Run one maintenance pass of ``host`` and record it.
+    """Run one maintenance pass of ``host`` and record it, in a ``durable_agent.pass`` span.
 
     Args:
         host: the host (a Host, its key or its id).
@@ -180,6 +200,14 @@ def run_pass(
     Raises:
         Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery.
     """
+    with observability.span("durable_agent.pass") as current:
+        report = _run_pass(host, deadline=deadline, guard=guard)
+        current.set_attribute("durable_agent.host_key", report.host)
+        current.set_attribute("durable_agent.phase", report.phase)
+        return report
+
+
+def _run_pass(host: Host | str | int, *, deadline: datetime | None, guard: bool) -> PassReport:
     # An id is read by the pass's first transaction (with the lanes), not by a query before it.
     ref = host if isinstance(host, int) and not isinstance(host, bool) else _host(host)
     started_at = clock.now()
@@ -191,7 +219,11 @@ def run_pass(
     host_obj = begun.host
     taken = begun.lease
     if isinstance(taken, lease.Stale):
-        logger.debug("Stale alarm delivery: %s", taken.reason, extra={"host": host_obj.key})
+        logger.debug(
+            "Stale alarm delivery: %s",
+            taken.reason,
+            extra=log_extra(host_obj, phase="stale", action="pass"),
+        )
         return PassReport(host=host_obj.key, phase="stale", lateness_ms=lateness)
     if isinstance(taken, lease.Busy):
         report = PassReport(host=host_obj.key, phase=PassPhase.BUSY.value, lateness_ms=lateness)
@@ -212,7 +244,8 @@ def run_pass(
                     rearm_failure(host_obj, observed)
                 except Exception:
                     logger.exception(
-                        "Backing off a failed pass failed", extra={"host": host_obj.key}
+                        "Backing off a failed pass failed",
+                        extra=log_extra(host_obj, action="rearm_failure"),
                     )
                 failed = PassReport(
                     host=host_obj.key,
@@ -286,7 +319,8 @@ def _record(
             if boundary:
                 PassRecord.objects.filter(host=host, id__lte=boundary[0]).delete()
     except Exception:
-        logger.exception("Recording a pass failed", extra={"host": host.key})
+        logger.exception("Recording a pass failed", extra=log_extra(host, action="record_pass"))
+    observability.pass_recorded(host, report, started_at=started_at, error=error)
 
 
 def _check_deadline(event_deadline: datetime) -> None:
@@ -526,8 +560,10 @@ def _submit_wave(
 ) -> tuple[str, Future[Any], threading.Event, float]:
     cancelled = threading.Event()
     future = executor.submit(
-        lambda: run_wave(
-            host, spec, row, observed, until, dispatch_end, cancelled, admitted=admitted
+        observability.in_current_trace(
+            lambda: run_wave(
+                host, spec, row, observed, until, dispatch_end, cancelled, admitted=admitted
+            )
         )
     )
     return row.lane, future, cancelled, spec.allowance_ms / 1000

@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_agent', '0005_passrecord_lateness_bigint'),
+        ('durable_agent', '0006_apitoken_submit_scope'),
     ]
 
     operations = [
