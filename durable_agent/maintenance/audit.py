@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Value
+from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
 
 from durable_agent import clock, conf
 from durable_agent.maintenance import selectors
@@ -28,11 +28,13 @@ from durable_agent.models import (
     Host,
     MaintenanceState,
     MutationTicket,
+    PassPhase,
+    PassRecord,
 )
 
 __all__ = ["OVERDUE_AFTER", "AuditSummary", "HostAudit", "audit_all", "audit_host", "repair_host"]
 
-#: Hosts read per page by :func:`audit_all` (three queries per page).
+#: Hosts that may be unhealthy read per page by :func:`audit_all` (three queries per page).
 PAGE_SIZE = 500
 
 
@@ -186,21 +188,69 @@ def audit_host(
     )
 
 
+def _may_be_unhealthy(now: datetime, registry_key: str | None) -> Q:
+    """Hosts that can show up in the audit, for hosts annotated with ``earliest_due_at`` and
+    ``last_phase`` (a superset: :func:`audit_host` decides). Every other host is healthy and
+    is only counted, which keeps a large, mostly healthy fleet cheap to audit.
+
+    A violation needs owed work and a slot that is disarmed, or later than both ``now`` and
+    the earliest deadline plus the minimum delay (the required time is at least both); a
+    failing host's latest pass that is not ``busy`` failed.
+    """
+    delay = conf.minimum_alarm_delay()
+    owes = Q(maintenance__isnull=False) & (
+        Q(maintenance__dirty__gt=F("maintenance__processed")) | Q(earliest_due_at__isnull=False)
+    )
+    late = ~selectors.armed() | (
+        Q(alarm__next_run__gt=now + delay)
+        & (Q(earliest_due_at__isnull=True) | Q(alarm__next_run__gt=F("earliest_due_at") + delay))
+    )
+    stale_lease = (
+        Q(maintenance__pass_lease_owner__isnull=False)
+        & ~Q(maintenance__pass_lease_owner="")
+        & Q(maintenance__pass_lease_expires_at__lte=now)
+    )
+    maybe = (
+        (owes & late)
+        | selectors.overdue(now)
+        | Q(selectors.parked())
+        | Q(Exists(MutationTicket.objects.filter(host=OuterRef("pk"), expires_at__lte=now)))
+        | stale_lease
+        | Q(last_phase=PassPhase.FAILED)
+    )
+    if registry_key is not None:
+        stale = BindingRetry.objects.filter(host=OuterRef("pk")).exclude(registry_key=registry_key)
+        maybe |= Q(Exists(stale))
+    return maybe
+
+
 def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -> AuditSummary:
-    """Audit every host: three queries per page of :data:`PAGE_SIZE` hosts (hosts with their
-    per-host counts, their state rows, their lanes), whatever the number of hosts."""
+    """Audit every host: one count, then three queries per page of :data:`PAGE_SIZE` hosts
+    that may be unhealthy (hosts with their per-host counts, their state rows, their lanes),
+    whatever the number of hosts. Healthy hosts are counted, not read."""
     now = now or clock.now()
     stale = (
         selectors.count_per_host(BindingRetry.objects.exclude(registry_key=registry_key))
         if registry_key is not None
         else Value(0)
     )
-    annotated = Host.objects.select_related("alarm").annotate(
-        n_stale=stale,
-        n_expired=selectors.count_per_host(MutationTicket.objects.filter(expires_at__lte=now)),
-        n_failed=selectors.failure_streak(),
-        error=selectors.last_pass_error(),
+    deadlines = DueLane.objects.filter(host=OuterRef("pk"), due_at__isnull=False)
+    not_busy = PassRecord.objects.filter(host=OuterRef("pk")).exclude(phase=PassPhase.BUSY)
+    annotated = (
+        Host.objects.select_related("alarm")
+        .annotate(
+            earliest_due_at=Subquery(deadlines.order_by("due_at").values("due_at")[:1]),
+            last_phase=Subquery(not_busy.order_by("-started_at", "-id").values("phase")[:1]),
+        )
+        .filter(_may_be_unhealthy(now, registry_key))
+        .annotate(
+            n_stale=stale,
+            n_expired=selectors.count_per_host(MutationTicket.objects.filter(expires_at__lte=now)),
+            n_failed=selectors.failure_streak(),
+            error=selectors.last_pass_error(),
+        )
     )
+    hosts = Host.objects.count()
     results: list[HostAudit] = []
     after = 0
     while True:
@@ -230,7 +280,7 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
             break
         after = page[-1].pk
     return AuditSummary(
-        hosts=len(results),
+        hosts=hosts,
         violating=tuple(r for r in results if not r.ok),
         overdue=tuple(r.host for r in results if r.overdue),
         parked={r.host: r.parked_lanes for r in results if r.parked_lanes},

@@ -22,8 +22,8 @@ from durable_agent.api.tokens import issue_token
 from durable_agent.checks import check_alarm_invariant
 from durable_agent.errors import LaneNotRegistered
 from durable_agent.maintenance import alarm, gate, run_pass
-from durable_agent.maintenance.audit import PAGE_SIZE, audit_all
-from durable_agent.models import Host, MaintenanceState, PassRecord, SubmissionState
+from durable_agent.maintenance.audit import PAGE_SIZE, audit_all, audit_host
+from durable_agent.models import DueLane, Host, MaintenanceState, PassRecord, SubmissionState
 from durable_agent.runtime import get_runtime
 from durable_agent.testing import FakeClock, ScriptedRuntime
 from tests.admin.helpers import changelist, fail_recovery, host_page, park, wait_for_binding
@@ -283,7 +283,9 @@ def test_audit_all__a_constant_number_of_queries_per_page(
     MaintenanceState.objects.bulk_create(
         [MaintenanceState(host=h, dirty=1, processed=1) for h in made]
     )
-    PassRecord.objects.bulk_create(  # failing, succeeding and never-run hosts alike
+    # A third fail, a third succeed (healthy: counted, not read), a third never ran a pass
+    # but have a parked lane (read, with no failed pass: no query of their own).
+    PassRecord.objects.bulk_create(
         [
             PassRecord(host=h, started_at=clock.now(), phase="failed", error="E")
             for h in made[0::3]
@@ -291,13 +293,18 @@ def test_audit_all__a_constant_number_of_queries_per_page(
         ]
         + [PassRecord(host=h, started_at=clock.now(), phase="caught-up") for h in made[1::3]]
     )
+    DueLane.objects.bulk_create([DueLane(host=h, lane="stuck", state="parked") for h in made[2::3]])
     with CaptureQueriesContext(connection) as queries:
         summary = audit_all(registry_key=get_runtime().binding_registry_key())
     assert summary.hosts == hosts
     assert len(summary.failing) == len(made[0::3])
-    # Three per page; a last full page costs one more query (the empty page that ends it).
-    expected = 3 * -(-hosts // PAGE_SIZE) + (1 if hosts % PAGE_SIZE == 0 else 0)
+    assert len(summary.parked) == len(made[2::3])
+    # One count, then three per page of hosts that may be unhealthy; a last full page costs
+    # one more query (the empty page that ends it).
+    read = len(made[0::3]) + len(made[2::3])
+    expected = 1 + 3 * -(-read // PAGE_SIZE) + (1 if read % PAGE_SIZE == 0 else 0)
     assert len(queries) == expected, "\n".join(q["sql"] for q in queries.captured_queries)
+    assert expected == (4 if hosts == 10 else 7)
 
 
 def test_health_setting__validated_by_the_system_checks(settings: Any) -> None:
@@ -322,3 +329,34 @@ def test_health_json_lists_failing_hosts(clock: FakeClock, runtime: ScriptedRunt
     assert data["ok"] is False
     assert [f["host"] for f in data["failing"]] == ["jsonish"]
     assert alarm.scheduled(host) is not None
+
+
+def test_audit_all__reads_only_hosts_that_may_be_unhealthy_and_misses_none(
+    clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    _mixed_fleet(clock, runtime)
+    late = HostFactory(key="j-slot-later-than-work")
+    lanes.register("outbox", lambda ctx: None)
+    caught_up(late)
+    gate.schedule(late, "outbox", clock.now() + timedelta(seconds=10))
+    Schedule.objects.filter(pk=Host.objects.get(pk=late.pk).alarm_id).update(
+        next_run=clock.now() + timedelta(hours=1)
+    )
+    waiting = HostFactory(key="k-future-work")  # owes work later, armed for it: healthy
+    caught_up(waiting)
+    gate.schedule(waiting, "outbox", clock.now() + timedelta(hours=2))
+    key = get_runtime().binding_registry_key()
+    now = clock.now()
+    summary = audit_all(now=now, registry_key=key)
+    every = [
+        audit_host(h, now=now, registry_key=key)
+        for h in Host.objects.select_related("alarm").order_by("pk")
+    ]
+    assert summary.hosts == len(every) == 11
+    assert [h.host for h in summary.violating] == [h.host for h in every if not h.ok]
+    assert "j-slot-later-than-work" in [h.host for h in summary.violating]
+    assert [h.host for h in summary.failing] == [h.host for h in every if h.failing]
+    assert list(summary.overdue) == [h.host for h in every if h.overdue]
+    assert summary.parked == {h.host: h.parked_lanes for h in every if h.parked_lanes}
+    assert list(summary.stale_leases) == [h.host for h in every if h.stale_lease]
+    assert summary.violating == tuple(h for h in every if not h.ok)
