@@ -1,6 +1,6 @@
 """``GET health`` (the audit of every host) at fleet sizes: time and queries.
 
-    python -m bench.health [--sizes 1000 100000] [--passes 3] [--repeat 3]
+    python -m bench.health [--sizes 1000 10000 100000] [--passes 3] [--repeat 3]
 
 Every host has a state row, an armed slot, the native lane and ``--passes`` pass records;
 one host in 100 is failing (its passes all failed), so the failure streak is computed over
@@ -68,7 +68,7 @@ def seed(count: int, passes: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 100_000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
