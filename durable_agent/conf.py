@@ -120,6 +120,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("PASS_HISTORY", 200, int, 1, 100_000, "PassRecord rows kept per host."),
     Setting(
+        "FAILING_AFTER_PASSES",
+        3,
+        int,
+        1,
+        1_000,
+        "Failed passes in a row after which a host is reported as failing.",
+    ),
+    Setting(
         "YIELD_AFTER_MS",
         600_000,
         int,

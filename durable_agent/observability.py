@@ -154,8 +154,9 @@ class FleetSnapshot:
     """Counts across every host, read in a constant number of queries.
 
     ``armed``: hosts whose slot is armed. ``overdue``: armed more than 60 s past the slot's
-    time (the scheduler is not firing it). ``failing``: hosts whose latest recorded pass
-    failed. ``parked``: parked lanes. ``owed``: submissions not settled.
+    time (the scheduler is not firing it). ``failing``: hosts whose last
+    ``FAILING_AFTER_PASSES`` passes failed. ``parked``: parked lanes. ``owed``: submissions
+    not settled.
     """
 
     hosts: int
@@ -167,31 +168,18 @@ class FleetSnapshot:
 
 
 def fleet_snapshot(*, now: datetime | None = None) -> FleetSnapshot:
-    """The fleet's counts now (six queries, whatever the number of hosts)."""
-    from django.db.models import OuterRef, Subquery
-
-    from durable_agent.maintenance.audit import OVERDUE_AFTER
-    from durable_agent.models import (
-        DueLane,
-        Host,
-        LaneState,
-        PassPhase,
-        PassRecord,
-        Submission,
-        SubmissionState,
-    )
+    """The fleet's counts now (four queries, whatever the number of hosts), with the states of
+    the shared read model (``durable_agent.maintenance.selectors``)."""
+    from durable_agent.maintenance import selectors
+    from durable_agent.models import DueLane, LaneState, Submission, SubmissionState
 
     now = now or clock.now()
-    armed = Host.objects.armed()
-    latest = PassRecord.objects.filter(host=OuterRef("pk")).order_by("-started_at", "-id")
-    failing = Host.objects.annotate(last_phase=Subquery(latest.values("phase")[:1])).filter(
-        last_phase=PassPhase.FAILED
-    )
+    counts = selectors.fleet_counts(now)
     return FleetSnapshot(
-        hosts=Host.objects.count(),
-        armed=armed.count(),
-        overdue=armed.filter(alarm__next_run__lt=now - OVERDUE_AFTER).count(),
-        failing=failing.count(),
+        hosts=counts.hosts,
+        armed=counts.armed,
+        overdue=counts.overdue,
+        failing=counts.failing,
         parked=DueLane.objects.filter(state=LaneState.PARKED).count(),
         owed=Submission.objects.exclude(state=SubmissionState.SETTLED).count(),
     )

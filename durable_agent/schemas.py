@@ -129,6 +129,9 @@ class HostFilterQuery(PageQuery):
     parked: QueryBool | None = Field(None, description="Has at least one parked lane.")
     faulted: QueryBool | None = Field(None, description="Has at least one recovery fault.")
     dirty: QueryBool | None = Field(None, description="Has an unacknowledged generation.")
+    failing: QueryBool | None = Field(
+        None, description="Its last FAILING_AFTER_PASSES passes failed (busy ones not counted)."
+    )
 
 
 class SubmissionFilterQuery(Schema):
@@ -156,6 +159,8 @@ class HostSummaryOut(Schema):
     created_at: datetime
     alarm: datetime | None = Field(description="The slot's time; null when disarmed.")
     overdue: bool
+    failing: bool = Field(description="Its last FAILING_AFTER_PASSES passes failed.")
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
     dirty: int
     processed: int
     nonterminal: int
@@ -241,6 +246,9 @@ class HostDetailOut(Schema):
     created_at: datetime
     alarm: datetime | None
     overdue: bool
+    failing: bool = Field(description="Its last FAILING_AFTER_PASSES passes failed.")
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
+    last_error: str = Field(description="The error of the latest failed pass ('' if none).")
     state: MaintenanceOut
     invariant: InvariantOut
     lanes: list[LaneOut]
@@ -284,12 +292,24 @@ class HostAuditOut(Schema):
     expired_tickets: int
     stale_lease: bool
     stale_binding_retries: int
+    failing: bool = Field(description="The last FAILING_AFTER_PASSES passes failed.")
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
+    last_error: str = Field(description="The error of the latest failed pass ('' if none).")
+
+
+class FailingHostOut(Schema):
+    host: str
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
+    error: str = Field(description="The error of the latest failed pass.")
 
 
 class HealthOut(Schema):
-    ok: bool = Field(description="No host violates the alarm invariant.")
+    ok: bool = Field(description="No host violates the alarm invariant and none is failing.")
     hosts: int
     violating: list[HostAuditOut]
+    failing: list[FailingHostOut] = Field(
+        description="Hosts whose last FAILING_AFTER_PASSES passes failed (busy ones not counted)."
+    )
     overdue: list[str]
     parked: dict[str, list[str]]
     expired_tickets: int

@@ -83,7 +83,7 @@ class FleetCollector(Collector):
             ),
             (
                 "durable_agent_hosts_failing",
-                "Hosts whose latest recorded pass failed.",
+                "Hosts whose last FAILING_AFTER_PASSES passes failed.",
                 snapshot.failing,
             ),
             ("durable_agent_lanes_parked", "Parked lanes, across hosts.", snapshot.parked),

@@ -29,7 +29,10 @@ def test_fleet__a_parked_lane_is_a_warning(host: Host, clock: FakeClock) -> None
 def test_fleet__overdue_and_failing_hosts_are_unavailable(host: Host, clock: FakeClock) -> None:
     alarm.rearm(host, at=clock.now() - timedelta(minutes=5), actor="t", reason="arm")
     failing = HostFactory(key="failing")
-    PassRecord.objects.create(host=failing, started_at=clock.now(), phase="failed", error="x")
+    for n in range(3):  # FAILING_AFTER_PASSES failed passes in a row
+        PassRecord.objects.create(
+            host=failing, started_at=clock.now() - timedelta(seconds=n), phase="failed", error="x"
+        )
     with pytest.raises(ServiceUnavailable, match=r"1 host\(s\) overdue, 1 host\(s\) failing"):
         Fleet().run()
     PassRecord.objects.create(
