@@ -8,7 +8,8 @@ What is never deleted:
 
 - an undelivered ``RecoveryEvent`` (``delivered_at`` unset, or a sequence above the host's
   ``recovery_event_acknowledged``);
-- the newest ``PassRecord`` of each host (the admin and the metrics show it as the last pass);
+- a ``PassRecord`` that no later successful pass of its host follows: the latest pass, the
+  latest successful one and the failure streak after it stay (the read model reads them);
 - a live ``MutationTicket``, or one expired less than an hour ago (audits report those);
 - any django-q ``OrmQ`` row: each is a message still pending, or one a cluster has taken and
   will hand out again if its worker died; django-q deletes it on acknowledgement;
@@ -25,6 +26,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django_q.models import Task
 
 from durable_agent import clock, conf
+from durable_agent.maintenance.selectors import SUCCEEDED
 from durable_agent.models import AlarmAudit, MutationTicket, PassRecord, RecoveryEvent
 
 TICKET_GRACE = timedelta(hours=1)
@@ -42,12 +44,18 @@ def _delete_batch(queryset: QuerySet[Any], *, order_by: str, batch: int) -> int:
 
 
 def pass_records(now: datetime, age: timedelta) -> QuerySet[PassRecord]:
-    """Pass records older than ``age``, except the newest of each host."""
-    newer = PassRecord.objects.filter(host_id=OuterRef("host_id")).filter(
+    """Pass records older than ``age`` that a later successful pass of their host follows.
+
+    What the read model derives from the history is never changed: the latest pass, the
+    latest successful one and every pass after it (the failure streak) all stay.
+    """
+    later_success = PassRecord.objects.filter(
+        host_id=OuterRef("host_id"), phase__in=SUCCEEDED
+    ).filter(
         Q(started_at__gt=OuterRef("started_at"))
         | Q(started_at=OuterRef("started_at"), id__gt=OuterRef("id"))
     )
-    return PassRecord.objects.filter(started_at__lte=now - age).filter(Exists(newer))
+    return PassRecord.objects.filter(started_at__lte=now - age).filter(Exists(later_success))
 
 
 def prune(now: datetime | None = None) -> dict[str, int]:

@@ -23,7 +23,10 @@ class AlarmAudit(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
-        indexes = [models.Index(fields=["host", "-at"], name="da_audit_host_at")]
+        indexes = [
+            models.Index(fields=["host", "-at"], name="da_audit_host_at"),
+            models.Index(fields=["at"], name="da_audit_at"),  # retention
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(generation__gte=0), name="da_audit_generation_nonnegative"
@@ -60,7 +63,10 @@ class PassRecord(models.Model):
 
     class Meta:
         ordering = ["-started_at", "-id"]
-        indexes = [models.Index(fields=["host", "-started_at"], name="da_pass_host_started")]
+        indexes = [
+            models.Index(fields=["host", "-started_at"], name="da_pass_host_started"),
+            models.Index(fields=["started_at"], name="da_pass_started"),  # retention
+        ]
 
     def __str__(self) -> str:
         return f"{self.host_id} {self.phase} at {self.started_at:%H:%M:%S}"

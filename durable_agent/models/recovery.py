@@ -121,6 +121,13 @@ class RecoveryEvent(models.Model):
                 name="da_event_transition_valid",
             ),
         ]
+        indexes = [  # retention: delivered events by age
+            models.Index(
+                fields=["delivered_at"],
+                condition=Q(delivered_at__isnull=False),
+                name="da_event_delivered",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.host_id}#{self.sequence} {self.transition}"

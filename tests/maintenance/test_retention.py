@@ -8,11 +8,13 @@ import pytest
 from django.test import override_settings
 from django_q.models import OrmQ, Task
 
-from durable_agent.maintenance import retention
+from durable_agent.maintenance import retention, selectors
 from durable_agent.models import (
     AlarmAudit,
+    Host,
     MaintenanceState,
     MutationTicket,
+    PassPhase,
     PassRecord,
     RecoveryEvent,
 )
@@ -30,6 +32,7 @@ from tests.factories import (
 pytestmark = pytest.mark.django_db
 DAY = timedelta(days=1)
 MINUTE_MS = 60_000
+FAILED, CAUGHT_UP, ACTIONABLE = PassPhase.FAILED, PassPhase.CAUGHT_UP, PassPhase.ACTIONABLE
 SHORT = {
     "RETENTION_PASS_RECORDS_MS": MINUTE_MS,
     "RETENTION_AUDIT_MS": MINUTE_MS,
@@ -49,21 +52,29 @@ def _task(name: str, *, stopped_at: object, func: str = "durable_agent.tasks.fir
     )
 
 
-def test_pass_records__old_ones_go_the_newest_of_each_host_and_young_ones_stay(
-    clock: FakeClock,
-) -> None:
-    busy, idle = HostFactory(), HostFactory()
+def test_pass_records__old_ones_a_later_success_follows_go(clock: FakeClock) -> None:
+    busy, streak, idle = HostFactory(), HostFactory(), HostFactory()
     now = clock.now()
-    old = [
-        PassRecordFactory(host=busy, started_at=now - 31 * DAY + i * timedelta(seconds=1))
-        for i in range(3)
+
+    def record(host: Host, days: int, phase: str) -> PassRecord:
+        return PassRecordFactory(host=host, started_at=now - days * DAY, phase=phase)
+
+    gone = [
+        record(busy, 33, FAILED),
+        record(busy, 32, CAUGHT_UP),
+        record(busy, 31, FAILED),
+        record(idle, 400, CAUGHT_UP),
     ]
-    young = PassRecordFactory(host=busy, started_at=now - 29 * DAY)
-    idle_last = PassRecordFactory(host=idle, started_at=now - 400 * DAY)  # its last pass
-    assert sweep()["pruned_pass_records"] == 3
+    young = record(busy, 29, ACTIONABLE)  # young: kept whatever follows
+    # No success after them: the last success and the failure streak after it stay.
+    kept = [record(streak, 50, CAUGHT_UP), record(streak, 40, FAILED), record(streak, 35, FAILED)]
+    last = record(idle, 300, CAUGHT_UP)  # an idle host's last pass stays
+    streaks = Host.objects.annotate(n=selectors.failure_streak()).order_by("pk")
+    before = list(streaks.values_list("n", flat=True))
+    assert sweep()["pruned_pass_records"] == len(gone)
     left = set(PassRecord.objects.values_list("pk", flat=True))
-    assert left == {young.pk, idle_last.pk}
-    assert not left & {r.pk for r in old}
+    assert left == {young.pk, last.pk, *(r.pk for r in kept)}
+    assert list(streaks.values_list("n", flat=True)) == before == [0, 2, 0]
 
 
 def test_audits__older_than_the_retention_go(clock: FakeClock) -> None:
@@ -130,7 +141,7 @@ def test_batches__one_sweep_deletes_at_most_one_batch_per_table(clock: FakeClock
         RecoveryEventFactory(host=host, sequence=i + 1, delivered_at=at)
         MutationTicketFactory(host=host, created_at=at - DAY, expires_at=at)
         _task(f"task-{i}", stopped_at=at)
-    PassRecordFactory(host=host, started_at=now)  # the newest pass stays
+    PassRecordFactory(host=host, started_at=now)  # a later success; it stays
     with override_settings(DURABLE_AGENT={**SHORT, "RETENTION_BATCH_SIZE": 3}):
         first = sweep()
         assert {k: v for k, v in first.items() if k != "rearmed"} == {
