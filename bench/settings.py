@@ -25,6 +25,7 @@ Q_CLUSTER = {
     **Q_CLUSTER,
     "workers": int(os.environ.get("Q_WORKERS", "2")),
     "bulk": int(os.environ.get("Q_BULK", Q_CLUSTER["bulk"])),
+    "save_limit": int(os.environ.get("Q_SAVE_LIMIT", Q_CLUSTER["save_limit"])),
 }
 DEBUG = False
 LOGGING = {
@@ -37,3 +38,15 @@ LOGGING = {
 if os.environ.get("DA_SOAK"):
     # The soak kills work on purpose: short leases let it recover within the run.
     DURABLE_AGENT = {"PASS_LEASE_TTL_MS": 5_000, "SWEEP_INTERVAL_MS": 5_000}
+
+if os.environ.get("DA_RETENTION_MS"):
+    # bench/retention.py: short retention ("none" turns it off), a frequent sweep.
+    _kept = None if os.environ["DA_RETENTION_MS"] == "none" else int(os.environ["DA_RETENTION_MS"])
+    DURABLE_AGENT = {
+        "RETENTION_PASS_RECORDS_MS": _kept,
+        "RETENTION_AUDIT_MS": _kept,
+        "RETENTION_RECOVERY_EVENTS_MS": _kept,
+        "RETENTION_TASKS_MS": _kept,
+        "RETENTION_BATCH_SIZE": int(os.environ.get("DA_RETENTION_BATCH", "500")),
+        "SWEEP_INTERVAL_MS": int(os.environ.get("DA_SWEEP_MS", "5000")),
+    }
