@@ -15,7 +15,8 @@ Enable it in settings::
 Cost: one index probe (the earliest armed ``next_run``) per probe interval per cluster (10
 queries/s at 0.1 s); a slot due before the next probe is waited for and fired on time (Note
 [Wake at the deadline]),
-plus the backstop sweep (``durable_agent.tasks.sweep``, three indexed queries) once a minute.
+plus the backstop sweep (``durable_agent.tasks.sweep``, three indexed queries, then one batch of
+retention deletes per pruned table) once a minute.
 """
 
 from __future__ import annotations

@@ -45,10 +45,28 @@ def test_checks__defaults_are_clean() -> None:
         ({"RECOVERY_TIMEOUT_MS": 3_600_001}, "durable_agent.E004"),
         ({"RECOVERY_TIMEOUT_MS": 30.0}, "durable_agent.E003"),
         ({"RECOVERY_TIMEOUT_MS": 1000, "EVENT_TIMEOUT_MS": 1000}, "durable_agent.E011"),
+        ({"RETENTION_AUDIT_MS": 999}, "durable_agent.E004"),
+        ({"RETENTION_TASKS_MS": True}, "durable_agent.E003"),
+        ({"RETENTION_PASS_RECORDS_MS": "30d"}, "durable_agent.E003"),
+        ({"RETENTION_BATCH_SIZE": 0}, "durable_agent.E004"),
+        ({"RETENTION_BATCH_SIZE": None}, "durable_agent.E003"),
     ],
 )
 def test_checks__invalid_settings(value: object, expected: str) -> None:
     assert expected in ids(DURABLE_AGENT=value, Q_CLUSTER=Q_OK)
+
+
+def test_checks__none_turns_a_retention_off() -> None:
+    off = {
+        "RETENTION_PASS_RECORDS_MS": None,
+        "RETENTION_AUDIT_MS": None,
+        "RETENTION_RECOVERY_EVENTS_MS": None,
+        "RETENTION_TASKS_MS": None,
+    }
+    assert ids(DURABLE_AGENT=off, Q_CLUSTER=Q_OK) == []
+    with override_settings(DURABLE_AGENT=off):
+        assert conf.retention_audits() is None
+    assert conf.retention_audits() == timedelta(days=365)
 
 
 @pytest.mark.parametrize(
