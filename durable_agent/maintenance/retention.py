@@ -18,10 +18,11 @@ What is never deleted:
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django_q.models import Task
 
@@ -29,6 +30,7 @@ from durable_agent import clock, conf
 from durable_agent.maintenance.selectors import SUCCEEDED
 from durable_agent.models import AlarmAudit, MutationTicket, PassRecord, RecoveryEvent
 
+logger = logging.getLogger("durable_agent.retention")
 TICKET_GRACE = timedelta(hours=1)
 
 
@@ -59,47 +61,49 @@ def pass_records(now: datetime, age: timedelta) -> QuerySet[PassRecord]:
 
 
 def prune(now: datetime | None = None) -> dict[str, int]:
-    """Delete one batch of expired rows per table; return how many rows of each went."""
+    """Delete one batch of expired rows per table; return how many rows of each went.
+
+    A table whose deletion fails is logged and reported as 0; the others are still pruned.
+    """
     now = now or clock.now()
     batch = conf.retention_batch_size()
-    pruned = {
-        "pruned_pass_records": 0,
-        "pruned_audits": 0,
-        "pruned_recovery_events": 0,
-        "expired_tickets": 0,
-        "pruned_tasks": 0,
-    }
+    tables: list[tuple[str, QuerySet[Any] | None, str]] = []
     passes = conf.retention_pass_records()
-    if passes is not None:
-        pruned["pruned_pass_records"] = _delete_batch(
-            pass_records(now, passes), order_by="started_at", batch=batch
-        )
+    tables.append(
+        ("pruned_pass_records", None if passes is None else pass_records(now, passes), "started_at")
+    )
     audits = conf.retention_audits()
-    if audits is not None:
-        pruned["pruned_audits"] = _delete_batch(
-            AlarmAudit.objects.filter(at__lte=now - audits), order_by="at", batch=batch
+    tables.append(
+        (
+            "pruned_audits",
+            None if audits is None else AlarmAudit.objects.filter(at__lte=now - audits),
+            "at",
         )
+    )
     events = conf.retention_recovery_events()
+    delivered = None
     if events is not None:
         delivered = RecoveryEvent.objects.filter(
             delivered_at__isnull=False,
             delivered_at__lte=now - events,
             sequence__lte=F("host__maintenance__recovery_event_acknowledged"),
         )
-        pruned["pruned_recovery_events"] = _delete_batch(
-            delivered, order_by="delivered_at", batch=batch
-        )
-    pruned["expired_tickets"] = _delete_batch(
-        MutationTicket.objects.filter(expires_at__lte=now - TICKET_GRACE),
-        order_by="expires_at",
-        batch=batch,
-    )
+    tables.append(("pruned_recovery_events", delivered, "delivered_at"))
+    tickets = MutationTicket.objects.filter(expires_at__lte=now - TICKET_GRACE)
+    tables.append(("expired_tickets", tickets, "expires_at"))
     tasks = conf.retention_tasks()
+    results = None
     if tasks is not None:
         funcs = sorted({conf.alarm_task(), conf.get_default("ALARM_TASK")})
-        pruned["pruned_tasks"] = _delete_batch(
-            Task.objects.filter(func__in=funcs, stopped__lte=now - tasks),
-            order_by="stopped",
-            batch=batch,
-        )
+        results = Task.objects.filter(func__in=funcs, stopped__lte=now - tasks)
+    tables.append(("pruned_tasks", results, "stopped"))
+    pruned: dict[str, int] = {}
+    for key, queryset, order_by in tables:
+        pruned[key] = 0
+        if queryset is None:
+            continue
+        try:
+            pruned[key] = _delete_batch(queryset, order_by=order_by, batch=batch)
+        except DatabaseError:
+            logger.exception("Retention could not prune %s", queryset.model.__name__)
     return pruned

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -202,3 +203,24 @@ def test_ages_follow_the_injected_clock(clock: FakeClock) -> None:
         clock.advance(seconds=1)
         assert sweep()["pruned_audits"] == 1
     assert not AlarmAudit.objects.filter(pk=audit.pk).exists()
+
+
+def test_a_failing_table_is_logged_and_the_others_are_still_pruned(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django.db import DatabaseError
+
+    now = clock.now()
+    AlarmAuditFactory(at=now - 400 * DAY)
+    _task("old", stopped_at=now - 8 * DAY)
+    real = retention._delete_batch
+
+    def failing(queryset: Any, **kwargs: Any) -> int:
+        if queryset.model is AlarmAudit:
+            raise DatabaseError("canceling statement due to lock timeout")
+        return real(queryset, **kwargs)
+
+    monkeypatch.setattr(retention, "_delete_batch", failing)
+    result = sweep()
+    assert (result["pruned_audits"], result["pruned_tasks"]) == (0, 1)
+    assert "Retention could not prune AlarmAudit" in caplog.text
