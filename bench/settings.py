@@ -4,26 +4,26 @@ import os
 
 import dj_database_url
 
+from durable_agent.conf import RECOMMENDED_Q_CLUSTER, recommended_database, recommended_q_cluster
 from project.settings import *  # noqa: F403
 from project.settings import INSTALLED_APPS, Q_CLUSTER
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
 DATABASES = {
-    "default": dict(
+    "default": recommended_database(
         dj_database_url.parse(
             os.environ.get(
                 "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
-            ),
-            conn_max_age=600,
-            conn_health_checks=os.environ.get("BENCH_HEALTH_CHECKS", "1") == "1",
-        )
+            )
+        ),
+        CONN_HEALTH_CHECKS=os.environ.get("BENCH_HEALTH_CHECKS", "1") == "1",
     )
 }
-Q_CLUSTER = {
-    **Q_CLUSTER,
-    "workers": int(os.environ.get("Q_WORKERS", "2")),
-    "bulk": int(os.environ.get("Q_BULK", Q_CLUSTER["bulk"])),
-}
+Q_CLUSTER = recommended_q_cluster(
+    workers=int(os.environ.get("Q_WORKERS", "2")),
+    bulk=int(os.environ.get("Q_BULK", RECOMMENDED_Q_CLUSTER["bulk"])),
+    broker_class=Q_CLUSTER.get("broker_class"),
+)
 DEBUG = False
 LOGGING = {
     "version": 1,

@@ -12,6 +12,8 @@ from typing import Any
 
 import dj_database_url
 
+from durable_agent.conf import recommended_database, recommended_q_cluster
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "durable-agent-example-not-secret")
@@ -61,19 +63,18 @@ WSGI_APPLICATION = "project.wsgi.application"
 
 
 def _database() -> dict[str, Any]:
+    # recommended_database(): persistent connections with health checks, and on SQLite
+    # BEGIN IMMEDIATE (SQLite's stand-in for row locks) with a busy timeout.
     url = os.environ.get("DATABASE_URL")
     if url:
-        # Persistent connections: django-q's pusher, monitor and workers call
-        # close_old_connections() around every task, which with CONN_MAX_AGE=0 means a new
-        # PostgreSQL connection per dequeue and per task (the largest cost in bench/throughput).
-        return dict(dj_database_url.parse(url, conn_max_age=600, conn_health_checks=True))
-    return {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
-        # BEGIN IMMEDIATE serialises writers: SQLite's stand-in for row locks.
-        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
-        "TEST": {"NAME": os.environ.get("SQLITE_TEST_PATH") or None},
-    }
+        return recommended_database(dj_database_url.parse(url))
+    return recommended_database(
+        {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            "TEST": {"NAME": os.environ.get("SQLITE_TEST_PATH") or None},
+        }
+    )
 
 
 DATABASES = {"default": _database()}
@@ -87,28 +88,14 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-# django-q2 with the ORM broker on the default alias, so enqueueing joins the caller's
-# transaction. ``timeout`` must stay below ``retry`` (django-q2 warns otherwise).
-Q_CLUSTER = {
-    "name": "durable_agent",
-    "orm": "default",
-    "workers": int(os.environ.get("Q_WORKERS", "2")),
-    "queue_limit": 4,
-    "timeout": 60 * 15,
-    "retry": 60 * 16,
-    "poll": 0.05,
-    # The pusher claims up to 4 queued tasks per query (docs/deployment.md).
-    "bulk": 4,
-    # The fast path: fire due alarm slots within ~0.1 s instead of django-q's ~30 s scan.
-    "broker_class": os.environ.get("Q_BROKER_CLASS", "durable_agent.broker.AlarmBroker"),
-    "catch_up": False,
-    "ack_failures": True,
-    # PassRecord is the pass history; keeping django-q's Success rows as well costs the
-    # monitor a locked scan of up to 250 rows per task (see docs/deployment.md).
-    "save_limit": -1,
-    "max_attempts": 0,
-    "label": "Django Q2",
-}
+# The recommended django-q2 configuration (docs/settings.md): the ORM broker on the default
+# alias, so enqueueing joins the caller's transaction, and AlarmBroker's fast path.
+Q_CLUSTER = recommended_q_cluster(
+    workers=int(os.environ.get("Q_WORKERS", "2")),
+    # Q_BROKER_CLASS="" runs django-q's stock ORM broker (bench/ compares the two).
+    broker_class=os.environ.get("Q_BROKER_CLASS", "durable_agent.broker.AlarmBroker") or None,
+    label="Django Q2",
+)
 
 DURABLE_AGENT: dict[str, Any] = {}
 

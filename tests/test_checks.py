@@ -97,3 +97,32 @@ def test_clock__naive_configured_clock_is_refused() -> None:
         fake._now = fake._now.replace(tzinfo=None)
         with pytest.raises(ValueError, match="naive"):
             clock.now()
+
+
+def test_recommended_q_cluster__overrides_and_removals() -> None:
+    cluster = conf.recommended_q_cluster(workers=4, bulk=None)
+    assert cluster["broker_class"] == "durable_agent.broker.AlarmBroker"
+    assert cluster["timeout"] < cluster["retry"]
+    assert cluster["workers"] == 4
+    assert "bulk" not in cluster
+    assert conf.recommended_q_cluster() == dict(conf.RECOMMENDED_Q_CLUSTER)
+    with override_settings(Q_CLUSTER=conf.recommended_q_cluster()):
+        assert [m.id for m in check_settings()] == []
+
+
+def test_recommended_database__sqlite_and_postgresql() -> None:
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "x", "OPTIONS": {"timeout": 5}}
+    assert conf.recommended_database(sqlite) == {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": "x",
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 5},
+        "CONN_MAX_AGE": 600,
+        "CONN_HEALTH_CHECKS": True,
+    }
+    assert sqlite["OPTIONS"] == {"timeout": 5}  # a copy
+    postgres = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
+    assert conf.recommended_database(postgres, CONN_MAX_AGE=0) == {
+        **postgres,
+        "CONN_MAX_AGE": 0,
+        "CONN_HEALTH_CHECKS": True,
+    }
