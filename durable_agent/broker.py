@@ -16,11 +16,16 @@ Cost: one index probe (the earliest armed ``next_run``) per probe interval per c
 queries/s at 0.1 s); a slot due before the next probe is waited for and fired on time (Note
 [Wake at the deadline]),
 plus the backstop sweep (``durable_agent.tasks.sweep``, three indexed queries) once a minute.
+
+It also makes a cluster stop when SIGTERM reaches its whole process group or cgroup (Note
+[SIGTERM to the group]).
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import signal
 import time
 from datetime import datetime
 from typing import Any
@@ -31,6 +36,7 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import Schedule
 from django_q.scheduler import scheduler
+from django_q.signals import post_spawn
 
 logger = logging.getLogger("durable_agent.broker")
 
@@ -75,6 +81,12 @@ class AlarmBroker(ORM):  # type: ignore[misc]
         self._next_probe = 0.0
         self._last_fired: datetime | None = None
         self._next_sweep = 0.0  # once at start: a restarted cluster re-arms lost alarms first
+
+    def ping(self) -> bool:
+        """django-q's sentinel pings its broker first thing; see Note [SIGTERM to the group]."""
+        if _in_sentinel():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return bool(super().ping())
 
     def dequeue(self) -> Any:
         self.fire_due_alarms()
@@ -135,3 +147,31 @@ class AlarmBroker(ORM):  # type: ignore[misc]
             logger.exception("Firing due alarm slots failed")
             return False
         return True
+
+
+# Note [SIGTERM to the group]
+#     django-q2's qcluster is a leader process (its SIGTERM handler stops the cluster), a
+#     sentinel, and the sentinel's pusher, monitor and workers. The sentinel and its children
+#     ignore SIGINT, so Ctrl-C reaches the leader alone; but they leave SIGTERM at its default.
+#     When SIGTERM reaches every process at once (systemd's KillMode=control-group, `kill --
+#     -PGID`, some container runtimes), the sentinel dies inside stop_event.wait(), and the
+#     leader's stop_event.set() then waits forever for the dead waiter to acknowledge: the
+#     cluster hangs in "stopping". So the sentinel ignores SIGTERM as it ignores SIGINT (set in
+#     AlarmBroker.ping(), the first thing the sentinel does, before it forks its children), the
+#     pusher and monitor inherit that and are stopped by the leader as usual, and each worker
+#     takes SIGTERM back at its default (the sentinel's timeout kill is a SIGTERM). A worker
+#     killed mid-pass by a group SIGTERM is recovered like any crash (the pass lease and the
+#     sweep); docs/deployment.md's units signal the leader alone, which lets it finish.
+
+
+def _in_sentinel() -> bool:
+    """Whether this is a child process of a qcluster (its sentinel, when ping() runs)."""
+    return multiprocessing.parent_process() is not None
+
+
+def _worker_takes_sigterm(sender: Any, **kwargs: Any) -> None:
+    if _in_sentinel():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+post_spawn.connect(_worker_takes_sigterm, dispatch_uid="durable_agent.broker.worker_sigterm")
