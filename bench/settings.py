@@ -6,7 +6,7 @@ import dj_database_url
 
 from durable_agent.conf import RECOMMENDED_Q_CLUSTER, recommended_database, recommended_q_cluster
 from project.settings import *  # noqa: F403
-from project.settings import INSTALLED_APPS, Q_CLUSTER
+from project.settings import INSTALLED_APPS, PERSISTENT_CONN_MAX_AGE, Q_CLUSTER, conn_max_age
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
 DATABASES = {
@@ -16,6 +16,9 @@ DATABASES = {
                 "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
             )
         ),
+        # Persistent in every bench process but runserver: the clusters and the drivers
+        # (whose passes run waves on a kept thread pool) reuse their threads.
+        CONN_MAX_AGE=conn_max_age(default=PERSISTENT_CONN_MAX_AGE),
         CONN_HEALTH_CHECKS=os.environ.get("BENCH_HEALTH_CHECKS", "1") == "1",
     )
 }

@@ -192,7 +192,12 @@ def check_project(
         )
     orm_alias = str(cluster.get("orm") or "default")
     orm_database = settings.DATABASES.get(orm_alias, {})
-    if fast_path and orm_database and orm_database.get("CONN_MAX_AGE", 0) == 0:
+    if (
+        fast_path
+        and orm_database
+        and orm_database.get("CONN_MAX_AGE", 0) == 0
+        and conf.running_qcluster()
+    ):
         messages.append(
             Warning(
                 f"Persistent connections are off (DATABASES[{orm_alias!r}]['CONN_MAX_AGE'] = 0) "

@@ -11,7 +11,8 @@ touches no settings and no models).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -145,6 +146,14 @@ SETTINGS: tuple[Setting, ...] = (
         "The cooperative deadline of a whole pass.",
     ),
     Setting(
+        "API_AUTH_FAILURES_PER_MINUTE",
+        20,
+        int,
+        0,
+        1_000_000,
+        "Refused API tokens a client address may send per minute before 429s (0 = no limit).",
+    ),
+    Setting(
         "CLOCK",
         None,
         (str, type(None)),
@@ -241,6 +250,10 @@ def event_timeout() -> timedelta:
     return timedelta(milliseconds=int(get("EVENT_TIMEOUT_MS")))
 
 
+def api_auth_failures_per_minute() -> int:
+    return int(get("API_AUTH_FAILURES_PER_MINUTE"))
+
+
 def clock_callable() -> Callable[[], datetime] | None:
     path = get("CLOCK")
     return None if path is None else import_string(path)
@@ -276,9 +289,17 @@ RECOMMENDED_Q_CLUSTER: Mapping[str, Any] = {
     "save_limit": -1,
 }
 
-# Persistent connections: django-q's pusher, monitor and workers call close_old_connections()
-# around every task, which with CONN_MAX_AGE=0 opens a new connection each time.
+# Persistent connections in the cluster: django-q's pusher, monitor and workers call
+# close_old_connections() around every task, which with CONN_MAX_AGE=0 opens a new connection
+# each time. Elsewhere (runserver starts a thread per request) a kept connection is never
+# reused, so recommended_database() keeps them only in the qcluster process.
 RECOMMENDED_CONN_MAX_AGE = 600
+
+
+def running_qcluster(argv: Sequence[str] | None = None) -> bool:
+    """Whether this process is ``manage.py qcluster`` (or ``django-admin qcluster``)."""
+    argv = sys.argv if argv is None else argv
+    return len(argv) > 1 and argv[1] == "qcluster"
 
 
 def recommended_q_cluster(**overrides: Any) -> dict[str, Any]:
@@ -294,17 +315,18 @@ def recommended_q_cluster(**overrides: Any) -> dict[str, Any]:
 def recommended_database(database: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """A copy of one ``DATABASES`` entry with the options durable_agent needs.
 
-    Every engine gets persistent connections with health checks (``CONN_MAX_AGE`` 600,
-    ``CONN_HEALTH_CHECKS``). SQLite also gets ``OPTIONS["transaction_mode"] = "IMMEDIATE"``
-    (``BEGIN IMMEDIATE`` is what serialises its writers; without it concurrent transactions
-    fail with "database is locked") and a 20 s busy ``timeout`` unless one is set. Top-level
-    ``overrides`` (for example ``CONN_MAX_AGE=0``) are applied last::
+    Every engine gets connection health checks, and persistent connections (``CONN_MAX_AGE``
+    600) in the ``qcluster`` process, 0 in any other. SQLite also gets
+    ``OPTIONS["transaction_mode"] = "IMMEDIATE"`` (``BEGIN IMMEDIATE`` is what serialises its
+    writers; without it concurrent transactions fail with "database is locked") and a 20 s busy
+    ``timeout`` unless one is set. Top-level ``overrides`` (for example ``CONN_MAX_AGE=600``
+    for a WSGI server whose threads are reused) are applied last::
 
         DATABASES["default"] = recommended_database(DATABASES["default"])
     """
     result: dict[str, Any] = {
         **database,
-        "CONN_MAX_AGE": RECOMMENDED_CONN_MAX_AGE,
+        "CONN_MAX_AGE": RECOMMENDED_CONN_MAX_AGE if running_qcluster() else 0,
         "CONN_HEALTH_CHECKS": True,
     }
     if "sqlite3" in str(database.get("ENGINE", "")):

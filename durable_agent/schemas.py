@@ -2,7 +2,11 @@
 
 Every schema lists its fields explicitly; none is derived from a model, so a new model field
 never leaks into the API by accident. Strings the API stores are free of NUL characters
-(PostgreSQL text cannot hold them). Datetimes in requests must carry a UTC offset.
+(PostgreSQL text cannot hold them) and of lone surrogates (pydantic refuses them in a ``str``).
+Datetimes in requests must carry a UTC offset.
+
+Request bodies are JSON objects (:class:`ObjectIn`), never an array, a string or ``null``, and
+their booleans are JSON ``true`` or ``false``; query booleans are ``true`` or ``false``.
 """
 
 from __future__ import annotations
@@ -11,7 +15,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
-from pydantic import AfterValidator, AwareDatetime
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BeforeValidator,
+    StrictBool,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
 
 from durable_agent.maintenance.lane_ids import MAX_LANE_ID_LENGTH
 from durable_agent.maintenance.repairs import MAX_REASON_LENGTH
@@ -37,7 +48,17 @@ def _to_utc(value: datetime) -> datetime:
         raise ValueError("The datetime is out of range once converted to UTC") from exc
 
 
+def _query_bool(value: object) -> object:
+    """Only ``true`` and ``false`` (pydantic would also read ``yes``, ``on``, ``1``, ...)."""
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    raise ValueError("Input should be true or false")
+
+
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+QueryBool = Annotated[bool, BeforeValidator(_query_bool)]
 HostKey = Annotated[str, Field(min_length=1, max_length=MAX_HOST_KEY_LENGTH, pattern=HOST_KEY)]
 LaneId = Annotated[str, Field(min_length=1, max_length=MAX_LANE_ID_LENGTH, pattern=LANE_ID)]
 ThreadKey = Annotated[str, Field(min_length=1, max_length=MAX_THREAD_KEY_LENGTH, pattern=NO_NUL)]
@@ -63,6 +84,38 @@ class ErrorOut(Schema):
     detail: dict[str, Any]
 
 
+# -- request bodies -----------------------------------------------------------------------
+
+
+class ObjectIn(Schema):
+    """A request body: a JSON object and nothing else.
+
+    Ninja's ``Schema`` reads its fields as attributes of any object, so an array or a string
+    would validate as a body whose fields all have defaults; this refuses them first.
+    """
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _an_object(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if not isinstance(data, (dict, cls)):
+            raise ValueError(f"The body must be a JSON object, not {_json_type(data)}")
+        return handler(data)
+
+
+def _json_type(data: Any) -> str:
+    if data is None:
+        return "null"
+    if isinstance(data, bool):
+        return "a boolean"
+    if isinstance(data, (int, float)):
+        return "a number"
+    if isinstance(data, str):
+        return "a string"
+    if isinstance(data, list):
+        return "an array"
+    return type(data).__name__
+
+
 # -- pages and filters --------------------------------------------------------------------
 
 
@@ -72,10 +125,10 @@ class PageQuery(Schema):
 
 
 class HostFilterQuery(PageQuery):
-    overdue: bool | None = Field(None, description="Armed, and more than 60 s past its time.")
-    parked: bool | None = Field(None, description="Has at least one parked lane.")
-    faulted: bool | None = Field(None, description="Has at least one recovery fault.")
-    dirty: bool | None = Field(None, description="Has an unacknowledged generation.")
+    overdue: QueryBool | None = Field(None, description="Armed, and more than 60 s past its time.")
+    parked: QueryBool | None = Field(None, description="Has at least one parked lane.")
+    faulted: QueryBool | None = Field(None, description="Has at least one recovery fault.")
+    dirty: QueryBool | None = Field(None, description="Has an unacknowledged generation.")
 
 
 # -- hosts --------------------------------------------------------------------------------
@@ -230,14 +283,14 @@ class HealthOut(Schema):
 # -- repairs ------------------------------------------------------------------------------
 
 
-class RearmIn(Schema):
+class RearmIn(ObjectIn):
     at: UtcDatetime | None = Field(
         None, description="An explicit time; omit it to recompute the slot from the lanes."
     )
     reason: Reason = Field(min_length=1, description="Why; kept in the audit row.")
 
 
-class RepairIn(Schema):
+class RepairIn(ObjectIn):
     reason: Reason = Field("", description="Why; kept in the audit row.")
 
 
@@ -267,7 +320,7 @@ class PassReportOut(Schema):
 # -- submissions --------------------------------------------------------------------------
 
 
-class SubmitIn(Schema):
+class SubmitIn(ObjectIn):
     agent: str = Field(min_length=1, max_length=MAX_AGENT_NAME_LENGTH, pattern=NO_NUL)
     version: str | None = Field(
         None, min_length=1, max_length=MAX_AGENT_VERSION_LENGTH, pattern=NO_NUL
@@ -319,9 +372,9 @@ class SubmissionStatusOut(Schema):
     abort_requested: bool
 
 
-class ApproveIn(Schema):
-    approved: bool = Field(True, description="False rejects: the submission settles failed.")
+class ApproveIn(ObjectIn):
+    approved: StrictBool = Field(True, description="False rejects: the submission settles failed.")
 
 
-class ResolveIn(Schema):
+class ResolveIn(ObjectIn):
     outcome: Literal["completed", "failed", "retry"]

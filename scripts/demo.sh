@@ -2,6 +2,10 @@
 # `make demo`: migrate the SQLite database (db.sqlite3), ensure the demo superuser, seed demo
 # data when `manage.py seed_demo` exists, then run a django-q2 cluster in the background and
 # the development server until Ctrl-C. Stopping either one stops both.
+#
+# DEBUG is off unless DJANGO_DEBUG=1; the development server then serves the admin's static
+# files itself (runserver --insecure, for this local demo only). Without DJANGO_SECRET_KEY the
+# project generates a key once into the git-ignored .secret_key (project/settings.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +13,10 @@ PY=${VENV:-.venv}/bin/python
 PORT=${PORT:-8000}
 ADDRESS=127.0.0.1
 unset DATABASE_URL  # the demo always uses the embedded SQLite database
+SERVE_STATIC=(--insecure)
+if [ "${DJANGO_DEBUG:-0}" = 1 ]; then
+    SERVE_STATIC=()  # with DEBUG on, runserver serves static files anyway
+fi
 
 say() { printf '\n==> %s\n' "$*"; }
 
@@ -86,7 +94,7 @@ BANNER
 # (qcluster's workers, runserver's autoreloader child) through the process group.
 setsid "$PY" manage.py qcluster &
 CLUSTER_PID=$!
-setsid "$PY" manage.py runserver "$ADDRESS:$PORT" &
+setsid "$PY" manage.py runserver ${SERVE_STATIC[@]+"${SERVE_STATIC[@]}"} "$ADDRESS:$PORT" &
 SERVER_PID=$!
 
 # The server runs in the foreground of this script; bash only runs traps between commands,

@@ -13,6 +13,7 @@ from durable_agent.testing import (
     fake_random,
     installed_runtime,
 )
+from tests import locks
 from tests.factories import T0, HostFactory
 
 _deselected_postgres: list[str] = []
@@ -26,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for database in settings.DATABASES.values():
         database["CONN_MAX_AGE"] = 0
+    locks.install()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -48,6 +50,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"{connection.vendor}; run them with DATABASE_URL=postgres://... (make test does).",
             yellow=True,
             bold=True,
+        )
+
+
+@pytest.fixture(autouse=True)
+def _row_locks_name_their_table() -> Iterator[None]:
+    """Every row lock the test takes, in any thread, follows Note [Lock one table]."""
+    locks.take_violations()
+    yield
+    found = locks.take_violations()
+    if found:
+        pytest.fail(
+            "Row locks outside the discipline of Note [Lock one table] "
+            "(durable_agent/maintenance/transactions.py):\n" + "\n".join(map(str, found)),
+            pytrace=False,
         )
 
 

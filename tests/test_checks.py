@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from datetime import UTC, datetime, timedelta
+from unittest import mock
 
 import pytest
 from django.test import override_settings
@@ -37,6 +38,8 @@ def test_checks__defaults_are_clean() -> None:
         ({"ALARM_BACKOFF_BASE_MS": True}, "durable_agent.E003"),
         ({"ALARM_BACKOFF_BASE_MS": 0}, "durable_agent.E004"),
         ({"MUTATION_TICKET_TTL_MS": 10}, "durable_agent.E004"),
+        ({"API_AUTH_FAILURES_PER_MINUTE": -1}, "durable_agent.E004"),
+        ({"API_AUTH_FAILURES_PER_MINUTE": "20/m"}, "durable_agent.E003"),
         ({"CLOCK": "no.such.module.now"}, "durable_agent.E005"),
         ({"RANDOM": "durable_agent.conf.SETTINGS"}, "durable_agent.E006"),
         ({"ALARM_BACKOFF_BASE_MS": 500, "ALARM_BACKOFF_CAP_MS": 100}, "durable_agent.E007"),
@@ -117,19 +120,23 @@ def test_recommended_database__sqlite_and_postgresql() -> None:
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": "x",
         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 5},
-        "CONN_MAX_AGE": 600,
+        "CONN_MAX_AGE": 0,  # not the cluster
         "CONN_HEALTH_CHECKS": True,
     }
     assert sqlite["OPTIONS"] == {"timeout": 5}  # a copy
     postgres = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
-    assert conf.recommended_database(postgres, CONN_MAX_AGE=0) == {
+    assert conf.recommended_database(postgres, CONN_MAX_AGE=60) == {
         **postgres,
-        "CONN_MAX_AGE": 0,
+        "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
     }
+    with mock.patch("sys.argv", ["manage.py", "qcluster"]):
+        assert conf.recommended_database(postgres)["CONN_MAX_AGE"] == 600
 
 
-SQLITE_OK = conf.recommended_database({"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+SQLITE_OK = conf.recommended_database(
+    {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}, CONN_MAX_AGE=600
+)
 
 
 def project_ids(databases: object = None, **settings: object) -> list[str]:
@@ -203,8 +210,12 @@ def test_check_project__atomic_requests() -> None:
     assert project_ids(DATABASES={"default": database}) == ["durable_agent.W022"]
 
 
-def test_check_project__no_persistent_connections_with_the_fast_path() -> None:
+def test_check_project__no_persistent_connections_with_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     database = {**SQLITE_OK, "CONN_MAX_AGE": 0}
+    assert project_ids(DATABASES={"default": database}) == []  # not in the cluster
+    monkeypatch.setattr("sys.argv", ["manage.py", "qcluster"])
     assert project_ids(DATABASES={"default": database}) == ["durable_agent.W023"]
     stock = conf.recommended_q_cluster(broker_class=None)
     assert "durable_agent.W023" not in project_ids(DATABASES={"default": database}, Q_CLUSTER=stock)

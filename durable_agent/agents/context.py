@@ -12,6 +12,7 @@ from durable_agent.agents.errors import LeaseLost, TransactionMisuse
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance.transactions import user_atomic_depth
 from durable_agent.models import Submission, SubmissionState
+from durable_agent.text import check_text
 
 MAX_APPROVAL_REASON_LENGTH = 2000
 
@@ -100,6 +101,7 @@ class AgentContext:
                 f"An approval reason is a string of 1 to {MAX_APPROVAL_REASON_LENGTH} characters",
                 reason=reason,
             )
+        check_text(reason, what="approval reason")
         if reason in self.submission.approvals:
             return
         raise ApprovalRequested(reason)

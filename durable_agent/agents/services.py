@@ -10,7 +10,10 @@ raw ``transaction.atomic``, which the gate refuses): the service's frame joins y
 Limits:
     * ``MAX_PAYLOAD_BYTES`` (256 KiB): a payload's compact JSON encoding (UTF-8) may not be
       larger. Store big inputs elsewhere and submit a reference.
+    * ``MAX_PAYLOAD_DEPTH`` (64): arrays and objects nest at most this deep.
     * thread keys: 1 to 256 characters; idempotency keys: 1 to 200 characters.
+    * no key, string or payload may hold a NUL character or a lone surrogate (Note [Storable
+      text] in ``durable_agent/text.py``).
 """
 
 from __future__ import annotations
@@ -46,15 +49,18 @@ from durable_agent.models import (
     Thread,
 )
 from durable_agent.models.ledger import MAX_IDEMPOTENCY_KEY_LENGTH, MAX_THREAD_KEY_LENGTH
+from durable_agent.text import check_text
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
+    "MAX_PAYLOAD_DEPTH",
     "Receipt",
     "SubmissionStatus",
     "abort",
     "approve",
     "resolve_unknown",
     "submit",
+    "validate_payload",
 ]
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -92,24 +98,74 @@ class SubmissionStatus:
 # -- validation (before any write) ---------------------------------------------------------
 
 
-def encode_json(value: Any, *, what: str) -> str:
-    """The compact JSON text of ``value``; InvalidPayload when it has none."""
+MAX_PAYLOAD_DEPTH = 64
+"""The deepest nesting of arrays and objects a payload or a result may have."""
+
+
+def _check_json(value: Any, *, what: str, limit: int | None) -> None:
+    """Walk ``value`` without recursion: every key and string storable (Note [Storable text]),
+    at most ``MAX_PAYLOAD_DEPTH`` levels of arrays and objects, and, with ``limit``, no more
+    nodes and characters than ``limit`` (each takes at least one byte of JSON).
+
+    A cycle is refused as too deep; the walk ends after at most ``limit`` steps.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    size = 0
+    while stack:
+        item, depth = stack.pop()
+        size += 1
+        if isinstance(item, str):
+            size += len(item)
+            check_text(item, what=f"{what}'s text", error=InvalidPayload)
+        elif isinstance(item, (dict, list, tuple)):
+            if depth >= MAX_PAYLOAD_DEPTH:
+                raise InvalidPayload(
+                    f"The {what} nests arrays and objects deeper than {MAX_PAYLOAD_DEPTH} levels",
+                    limit=MAX_PAYLOAD_DEPTH,
+                )
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if isinstance(key, str):
+                        size += len(key)
+                        check_text(key, what=f"{what}'s key", error=InvalidPayload)
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+        if limit is not None and size > limit:
+            raise PayloadTooLarge(
+                f"The {what} is larger than {limit} bytes as JSON; the limit is {limit} bytes",
+                limit=limit,
+            )
+
+
+def encode_json(value: Any, *, what: str, limit: int | None = None) -> str:
+    """The compact JSON text of ``value``; InvalidPayload when it has none or the database
+    could not store it (NUL characters, lone surrogates, nesting deeper than
+    ``MAX_PAYLOAD_DEPTH``), PayloadTooLarge when ``limit`` is given and its UTF-8 encoding
+    is longer.
+    """
+    _check_json(value, what=what, limit=limit)
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        encoded = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"The {what} is not JSON-serialisable: {exc}") from exc
+    if limit is not None:
+        size = len(encoded.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(
+                f"The {what} is {size} bytes as JSON; the limit is {limit} bytes",
+                size=size,
+                limit=limit,
+            )
+    return encoded
 
 
-def _validate_payload(payload: Any) -> Any:
-    encoded = encode_json(payload, what="payload")
-    size = len(encoded.encode("utf-8"))
-    if size > MAX_PAYLOAD_BYTES:
-        raise PayloadTooLarge(
-            f"The payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES} bytes",
-            size=size,
-            limit=MAX_PAYLOAD_BYTES,
-        )
-    return json.loads(encoded)  # what the agent will see (tuples become lists, ...)
+def validate_payload(payload: Any) -> Any:
+    """``payload`` as the agent will see it (tuples become lists, ...), or the error ``submit``
+    raises for it: InvalidPayload or PayloadTooLarge. The API checks request payloads with this
+    same function before it looks anything up."""
+    encoded = encode_json(payload, what="payload", limit=MAX_PAYLOAD_BYTES)
+    return json.loads(encoded)
 
 
 def _validate_thread_key(thread: object) -> str:
@@ -119,7 +175,7 @@ def _validate_thread_key(thread: object) -> str:
             f"A thread key is a string of 1 to {MAX_THREAD_KEY_LENGTH} characters, not {shown!r}",
             thread=thread,
         )
-    return thread
+    return check_text(thread, what="thread key", error=InvalidThreadKey)
 
 
 def _validate_idempotency_key(key: object) -> str:
@@ -131,7 +187,7 @@ def _validate_idempotency_key(key: object) -> str:
             "(or None)",
             idempotency_key=key,
         )
-    return key
+    return check_text(key, what="idempotency key", error=InvalidIdempotencyKey)
 
 
 def _resolve_binding(agent: object, version: object) -> tuple[str, str]:
@@ -188,7 +244,8 @@ def submit(
         host: a Host, its key or its id.
         thread: the thread key (1-256 characters); submissions run FIFO per thread.
         agent: a registered agent name.
-        payload: any JSON-serialisable value of at most ``MAX_PAYLOAD_BYTES``.
+        payload: any JSON-serialisable value of at most ``MAX_PAYLOAD_BYTES``, nested at most
+            ``MAX_PAYLOAD_DEPTH`` deep, without NUL characters or lone surrogates.
         idempotency_key: 1-200 characters, unique per thread; None generates one.
         version: the agent version; None means the only registered version.
 
@@ -198,7 +255,7 @@ def submit(
     """
     thread_key = _validate_thread_key(thread)
     name, resolved_version = _resolve_binding(agent, version)
-    value = _validate_payload(payload)
+    value = validate_payload(payload)
     key = _validate_idempotency_key(idempotency_key)
     host_id = resolve_host_id(host)
     now = clock.now()

@@ -1,16 +1,32 @@
 """Who is asking: an API token (``Authorization: Bearer <secret>``) or a staff session.
 
-Both schemes yield a :class:`Principal`. Reads need either. Every POST is a repair and needs
-the token's ``repair`` scope, or a staff user with the ``durable_agent.repair_host``
+Both schemes yield a :class:`Principal`. A token's scope decides: ``read`` calls every GET,
+``repair`` every endpoint. A staff user needs, on each endpoint, the Django model permission
+the admin asks for the same data (Note [Session permissions]). Every POST is a repair and
+needs the token's ``repair`` scope, or a staff user with the ``durable_agent.repair_host``
 permission (:func:`require_repair`). A session request with an unsafe method must pass
 Django's CSRF check; a token request carries no ambient credentials and needs none.
 
 The token scheme is tried first: a request that sends ``Authorization: Bearer`` is judged by
-its token alone (a bad token is a 401, never a fallback to the session).
+its token alone (a bad token is a 401, never a fallback to the session). Refused tokens are
+logged and limited per client address (``durable_agent.api.failures``).
+
+Note [Session permissions]
+    The admin shows hosts to users with ``view_host``, a host's lanes, binding retries,
+    faults, audit rows and passes to users with their own view permission or ``view_host``,
+    and threads and submissions only to users with ``view_submission`` (payloads may be
+    private); its repair actions need ``repair_host`` and the list they run from.
+    ``SESSION_PERMISSIONS`` gives each operation the same rule: any one of its permissions
+    lets a staff user in (Django's view rule: the ``change_`` permission implies ``view_``).
+    The router binds every operation's session scheme to its operation id
+    (:func:`bind_permissions`); an operation missing from the table is refused to sessions,
+    and a test fails until it is added.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +35,46 @@ from django.http import HttpRequest
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
+from durable_agent.api import failures
 from durable_agent.api.errors import ApiError, not_authenticated
-from durable_agent.api.tokens import authenticate_token
+from durable_agent.api.tokens import check_token
 from durable_agent.models import ApiToken
 
 REPAIR_PERMISSION = "durable_agent.repair_host"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+def _viewers(*models: str) -> tuple[str, ...]:
+    """The permissions that let a user view any of ``models`` in the admin."""
+    return tuple(
+        f"durable_agent.{action}_{model}" for model in models for action in ("view", "change")
+    )
+
+
+_HOSTS = _viewers("host")
+_SUBMISSIONS = _viewers("submission")
+
+SESSION_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    # reads: see Note [Session permissions]
+    "list_hosts": _HOSTS,
+    "get_host": _HOSTS,
+    "list_host_lanes": _viewers("duelane", "host"),
+    "list_host_audit": _viewers("alarmaudit", "host"),
+    "health": _HOSTS,
+    "get_submission": _SUBMISSIONS,
+    # repairs (each needs repair_host as well): the list the admin action runs from
+    "rearm_host": _HOSTS,
+    "run_pass": _HOSTS,
+    "unpark_lane": _viewers("duelane", "host"),
+    "retry_binding": _viewers("bindingretry", "host"),
+    "retry_fault": _viewers("recoveryfault", "host"),
+    "abort_submission": _SUBMISSIONS,
+    "approve_submission": _SUBMISSIONS,
+    "resolve_submission": _SUBMISSIONS,
+    # admits work and answers a receipt (no payload): repair_host alone
+    "submit": (),
+}
+"""Operation id -> the permissions of which a staff user needs one (none: staff suffices)."""
 
 
 @dataclass(frozen=True)
@@ -55,31 +105,65 @@ class TokenAuth(HttpBearer):
         scheme, _, secret = value.partition(" ")
         if scheme.lower() != "bearer":
             return None
+        wait = failures.retry_after(request)
+        if wait is not None:
+            raise ApiError(
+                429,
+                "throttled",
+                f"Too many refused API tokens from this address; retry after {wait} seconds",
+                detail={"retry_after": wait},
+                headers={"Retry-After": str(wait)},
+            )
         return self.authenticate(request, secret.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> Principal:
-        record = authenticate_token(token)
-        if record is None:
+        checked = check_token(token)
+        if checked.token is None:
+            failures.record(request, checked.reason)
             raise ApiError(
                 401,
                 "invalid_token",
                 "The API token is unknown or revoked",
                 headers={"WWW-Authenticate": 'Bearer realm="durable_agent", error="invalid_token"'},
             )
+        record = checked.token
         return Principal(name=record.actor, actor=record.actor, token=record)
 
 
 class StaffSessionAuth(APIKeyCookie):
-    """A logged-in, active staff user (Django's session cookie), CSRF-checked when unsafe.
+    """A logged-in, active staff user (Django's session cookie), CSRF-checked when unsafe,
+    with a permission of the operation (Note [Session permissions]).
 
     The last scheme tried: it raises instead of returning None, so every failure has its own
-    code (``not_authenticated``, ``not_staff``, ``csrf_failed``).
+    code (``not_authenticated``, ``not_staff``, ``csrf_failed``, ``insufficient_scope``).
     """
 
     param_name = settings.SESSION_COOKIE_NAME
 
-    def __init__(self) -> None:
+    def __init__(self, operation_id: str | None = None) -> None:
         super().__init__(csrf=True)
+        self.operation_id = operation_id
+
+    def for_operation(self, operation_id: str | None) -> StaffSessionAuth:
+        """This scheme, checking the permissions of ``operation_id``."""
+        return type(self)(operation_id)
+
+    def _check_permissions(self, user: Any) -> None:
+        needed = SESSION_PERMISSIONS.get(self.operation_id or "")
+        if needed is None:  # an operation the table does not know: refused (fail closed)
+            raise ApiError(
+                403,
+                "insufficient_scope",
+                "This endpoint is not open to sessions; use an API token",
+                detail={"operation": self.operation_id},
+            )
+        if needed and not any(user.has_perm(permission) for permission in needed):
+            raise ApiError(
+                403,
+                "insufficient_scope",
+                f"This endpoint needs one of the permissions {', '.join(needed)}",
+                detail={"permissions": list(needed)},
+            )
 
     def __call__(self, request: HttpRequest) -> Principal:
         user = getattr(request, "user", None)
@@ -93,6 +177,7 @@ class StaffSessionAuth(APIKeyCookie):
                 "csrf_failed",
                 "CSRF check failed: send the csrftoken cookie's value in X-CSRFToken",
             )
+        self._check_permissions(user)
         return Principal(name=user.get_username(), actor=user, user=user)
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:  # pragma: no cover
@@ -118,6 +203,25 @@ def require_repair(request: HttpRequest) -> Principal:
             f"user with the {REPAIR_PERMISSION} permission",
         )
     return caller
+
+
+def bind_permissions(run: Callable[..., Any]) -> Callable[..., Any]:
+    """A router decorator (mode "view"): bind the operation's session scheme to its operation
+    id, so that it checks that operation's permissions (Note [Session permissions]).
+
+    Ninja applies view decorators to ``operation.run`` (a bound method, or another view
+    decorator's ``functools.wraps`` wrapper of it) once per mount; the operation's own list of
+    schemes is replaced, ``run`` is returned as it was.
+    """
+    operation = getattr(inspect.unwrap(run), "__self__", None)
+    callbacks = getattr(operation, "auth_callbacks", None)
+    if operation is not None and callbacks:
+        operation_id = getattr(operation, "operation_id", None)
+        operation.auth_callbacks = [
+            scheme.for_operation(operation_id) if isinstance(scheme, StaffSessionAuth) else scheme
+            for scheme in callbacks
+        ]
+    return run
 
 
 AUTH = [TokenAuth(), StaffSessionAuth()]

@@ -36,6 +36,7 @@ from durable_agent.schemas import (
 
 router = Router(tags=["repairs"])
 REPAIR_ERRORS = errors(400, 401, 403, 404, 409, 422)
+NULL_BODY = "The body must be a JSON object or absent, not null"
 
 
 def _repair(
@@ -47,7 +48,7 @@ def _repair(
 ) -> RepairOut:
     """Scope, reason, host (401/403, then 422, then 404), then the audited ``service``."""
     caller = require_repair(request)
-    reason = _reason(body)
+    reason = _reason(request, body)
     host = get_host(key)
     result = service(host=host, actor=caller.actor, reason=reason, **target)
     return RepairOut(
@@ -55,7 +56,15 @@ def _repair(
     )
 
 
-def _reason(body: RepairIn | None) -> str:
+def _reason(request: HttpRequest, body: RepairIn | None) -> str:
+    """The reason of an optional body: absent, or a JSON object (``null`` is refused)."""
+    if body is None and request.body.strip():
+        raise ApiError(
+            422,
+            "validation_error",
+            "The request is not valid",
+            {"errors": [{"loc": ["body"], "msg": NULL_BODY, "type": "value_error"}]},
+        )
     return repairs.validate_reason(body.reason if body is not None else "")
 
 
@@ -93,7 +102,7 @@ def run_pass(
     fails has already re-armed the host with a backoff; the answer is 500 ``pass_failed``.
     """
     caller = require_repair(request)
-    reason = _reason(body)
+    reason = _reason(request, body)
     host = get_host(key)
     try:
         report: PassReport = repairs.pass_now(host=host, actor=caller.actor, reason=reason)

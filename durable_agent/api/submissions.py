@@ -8,13 +8,13 @@ already used on the thread with the same agent and payload. Abort, approve and r
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from django.http import HttpRequest
 from ninja import Header, Path, Router, Status
 
 from durable_agent.agents import services
-from durable_agent.agents.errors import InvalidPayload, SubmissionNotFound
+from durable_agent.agents.errors import SubmissionNotFound
 from durable_agent.api.auth import require_repair
 from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
@@ -36,23 +36,6 @@ from durable_agent.schemas import (
 
 router = Router(tags=["submissions"])
 IdempotencyHeader = Annotated[IdempotencyKey | None, Header(None, alias="Idempotency-Key")]
-MAX_PAYLOAD_DEPTH = 64
-
-
-def _check_text(value: Any, depth: int = 0) -> None:
-    """Refuse what the database cannot store: NUL characters, too deep nesting."""
-    if depth > MAX_PAYLOAD_DEPTH:
-        raise InvalidPayload(f"The payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidPayload("The payload's strings may not contain NUL characters")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, depth + 1)
-            _check_text(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            _check_text(item, depth + 1)
 
 
 def _status_out(status: services.SubmissionStatus) -> SubmissionStatusOut:
@@ -93,7 +76,7 @@ def submit(
             "idempotency_key_mismatch",
             "The Idempotency-Key header and the body's idempotency_key differ",
         )
-    _check_text(body.payload)
+    services.validate_payload(body.payload)  # what submit() checks, before any lookup
     host = get_host(key)
     receipt = services.submit(
         host=host,

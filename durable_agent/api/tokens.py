@@ -115,15 +115,33 @@ def list_tokens(*, include_revoked: bool = False) -> list[ApiToken]:
     return list(tokens.order_by("name", "-created_at"))
 
 
-def authenticate_token(secret: str) -> ApiToken | None:
-    """The active token whose secret is ``secret``, else None; notes when it was used."""
-    if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isascii():
-        return None
-    token = ApiToken.objects.active().filter(digest=digest(secret)).first()
+@dataclass(frozen=True)
+class TokenCheck:
+    """What a secret authenticates: the active token, or None and why (``reason`` names no
+    part of the secret; it may name a revoked token, whose name is not secret)."""
+
+    token: ApiToken | None
+    reason: str = ""
+
+
+def check_token(secret: str) -> TokenCheck:
+    """The active token whose secret is ``secret`` (noting when it was used), or why none."""
+    if not secret:
+        return TokenCheck(None, "empty token")
+    if len(secret) > MAX_SECRET_LENGTH or not secret.isascii():
+        return TokenCheck(None, "malformed token")
+    token = ApiToken.objects.filter(digest=digest(secret)).first()
     if token is None:
-        return None
+        return TokenCheck(None, "unknown token")
+    if token.revoked_at is not None:
+        return TokenCheck(None, f"revoked token {token.name!r}")
     now = clock.now()
     if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
-    return token
+    return TokenCheck(token)
+
+
+def authenticate_token(secret: str) -> ApiToken | None:
+    """The active token whose secret is ``secret``, else None; notes when it was used."""
+    return check_token(secret).token

@@ -20,6 +20,7 @@ from durable_agent.errors import InvalidInput, RearmRefused
 from durable_agent.maintenance.due_queue import validate_deadline
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.models import AlarmAudit, Host, MaintenanceState
+from durable_agent.text import check_text, is_blank, validate_reason
 
 if TYPE_CHECKING:
     from durable_agent.maintenance.due_queue import DueQueue
@@ -155,10 +156,10 @@ def computed_deadline(state: MaintenanceState, queue: DueQueue, now: datetime) -
 def _actor_name(actor: Any) -> str:
     if actor is None:
         return "system"
-    name = actor.get_username() if hasattr(actor, "get_username") else str(actor)
-    if not name.strip():
+    name = str(actor.get_username() if hasattr(actor, "get_username") else actor)
+    if is_blank(name):
         raise InvalidInput("An actor must have a name")
-    return str(name)[:200]
+    return check_text(name, what="actor")[:200]
 
 
 def rearm(
@@ -174,7 +175,8 @@ def rearm(
         at: an explicit aware time; refused with :class:`RearmRefused` when work is already due
             earlier than it (the slot must always hold the earliest deadline).
         actor: who asked (a user, a token name or a string); "system" when None.
-        reason: free text kept in the audit row.
+        reason: free text kept (whitespace trimmed) in the audit row; see
+            :func:`durable_agent.text.validate_reason`.
 
     Returns:
         The time the slot now holds, or None when nothing is due and the slot was disarmed.
@@ -183,8 +185,7 @@ def rearm(
 
     if at is not None:
         at = validate_deadline(at, name="at")
-    if not isinstance(reason, str):
-        raise InvalidInput("A reason must be a string")
+    reason = validate_reason(reason)
     actor_name = _actor_name(actor)
 
     def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:

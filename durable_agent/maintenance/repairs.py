@@ -24,8 +24,9 @@ from durable_agent.models import (
     MaintenanceState,
     RecoveryFault,
 )
-
-MAX_REASON_LENGTH = 2000
+from durable_agent.text import MAX_REASON_LENGTH as MAX_REASON_LENGTH  # re-exported
+from durable_agent.text import check_text
+from durable_agent.text import validate_reason as validate_reason  # re-exported
 
 
 class NotRepairable(InvalidInput):
@@ -48,17 +49,6 @@ class RepairResult:
     action: str
     audit_id: int
     alarm: datetime | None
-
-
-def validate_reason(reason: object, *, required: bool = False) -> str:
-    if not isinstance(reason, str):
-        raise InvalidInput("A reason must be a string")
-    reason = reason.strip()
-    if required and not reason:
-        raise InvalidInput("A reason is required for this repair")
-    if len(reason) > MAX_REASON_LENGTH:
-        raise InvalidInput(f"A reason has at most {MAX_REASON_LENGTH} characters")
-    return reason
 
 
 def _audit(
@@ -176,6 +166,7 @@ def fault_retry_now(
     """Retry a thread's failed recovery now instead of at its scheduled retry time."""
     if not isinstance(thread, str) or not thread:
         raise InvalidInput("A thread must be a non-empty string")
+    check_text(thread, what="thread key")
     reason = validate_reason(reason)
     actor_name = _actor_name(actor)
     now = clock.now()

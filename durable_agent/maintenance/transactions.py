@@ -37,6 +37,7 @@ from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.rows import lock_state_row, update_where
 from durable_agent.models import Host, MaintenanceState
+from durable_agent.text import unstorable
 
 logger = logging.getLogger("durable_agent.maintenance")
 
@@ -79,6 +80,8 @@ def resolve_host_id(host: Host | str | int, *, verify: bool = True) -> int:
             raise HostNotFound(f"No host with id {host}", host=host)
         return host
     if isinstance(host, str):
+        if unstorable(host) is not None:  # no stored key holds it (Note [Storable text])
+            raise HostNotFound(f"No host with key {host!r}", host=host)
         pk = Host.objects.filter(key=host).values_list("pk", flat=True).first()
         if pk is None:
             raise HostNotFound(f"No host with key {host!r}", host=host)

@@ -55,7 +55,8 @@ class PassRecord(models.Model):
     generation = models.BigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     deadline = models.DateTimeField(null=True, blank=True)
-    lateness_ms = models.IntegerField(null=True, blank=True)
+    # Big: a rearm into the distant past or a long outage is late by more than 2^31 ms.
+    lateness_ms = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at", "-id"]

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.cache import cache
 from ninja.testing import TestClient
 
 from durable_agent.agents import registry
@@ -21,6 +22,21 @@ def _empty_agent_registry() -> Iterator[None]:
     registry.restore({})
     yield
     registry.restore(saved)
+
+
+@pytest.fixture(autouse=True)
+def _no_failure_counts() -> Iterator[None]:
+    """Refused-token counts (kept in Django's cache, durable_agent/api/failures.py) do not
+    carry over from one test to the next: every test runs at the same fake minute."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    """make_user hashes a password; the default hasher takes most of a second per user."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -56,13 +72,20 @@ def repair_auth(db: None, clock: Any) -> dict[str, str]:
     return bearer(issue_token(name="ops", scope="repair").secret)
 
 
-def make_user(username: str, *, staff: bool = True, repair: bool = False) -> User:
+def make_user(
+    username: str, *, staff: bool = True, repair: bool = False, perms: Iterable[str] = ()
+) -> User:
+    """A user with ``durable_agent`` permissions: ``repair_host`` when ``repair``, and each
+    codename of ``perms`` (``"view_host"``, ``"view_submission"``...)."""
     user = User.objects.create_user(username, password="pw", is_staff=staff)
-    if repair:
-        app_label, codename = REPAIR_PERMISSION
+    codenames = [*perms, REPAIR_PERMISSION[1]] if repair else list(perms)
+    if codenames:
         user.user_permissions.add(
-            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+            *Permission.objects.filter(
+                content_type__app_label="durable_agent", codename__in=codenames
+            )
         )
+        assert user.user_permissions.count() == len(set(codenames)), codenames
         user = User.objects.get(pk=user.pk)  # drop the permission cache
     return user
 

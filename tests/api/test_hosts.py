@@ -107,7 +107,8 @@ def test_list_hosts__bad_query_is_422(
 def test_list_hosts__constant_queries(
     client: TestClient, clock: FakeClock, django_assert_num_queries: DjangoAssertNumQueries
 ) -> None:
-    user = make_user("viewer")
+    user = make_user("viewer", perms=["view_host"])
+    assert user.has_perm("durable_agent.view_host")  # loads the user's permission cache
     for _n in range(3):
         host = HostFactory()
         DueLaneFactory(host=host, state="parked")

@@ -67,7 +67,7 @@ def test_urls__smoke(
 
 
 def test_urls__staff_session_posts_need_the_csrf_token(host: Host, clock: FakeClock) -> None:
-    make_user("operator", repair=True)
+    make_user("operator", repair=True, perms=["view_host"])
     web = Client(enforce_csrf_checks=True)
     assert web.login(username="operator", password="pw")
     path = f"{BASE}/hosts/{host.key}/rearm"

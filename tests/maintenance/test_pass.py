@@ -660,6 +660,24 @@ def test_guard__a_due_delivery_runs_and_records_its_lateness(
     assert (record.phase, record.lateness_ms, record.settled) == ("actionable", 250, 1)
 
 
+@pytest.mark.parametrize(
+    "late",
+    [timedelta(days=25), timedelta(days=30 * 365)],  # past 2^31 ms; a rearm into 2000
+    ids=["25-days", "30-years"],
+)
+def test_guard__a_delivery_later_than_32_bits_of_ms_is_recorded(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime, late: timedelta
+) -> None:
+    item = runtime.submit(host, "t1")
+    slot = clock.now() - late
+    alarm.rearm(host, at=slot, reason="a rearm into the distant past")
+    report = run_pass(host, deadline=slot, guard=True)
+    assert item.settled
+    assert report.lateness_ms == late // MS > 2**31
+    record = PassRecord.objects.get(host=host)
+    assert (record.phase, record.lateness_ms) == ("actionable", report.lateness_ms)
+
+
 def test_ensure_alarm__arms_a_dirty_host_and_registers_installed_framework_lanes(
     host: Host, clock: FakeClock, runtime: ScriptedRuntime
 ) -> None:

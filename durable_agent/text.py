@@ -1,0 +1,83 @@
+"""Text the database can store, and what "blank" means.
+
+Note [Storable text]
+    PostgreSQL's ``text`` and ``jsonb`` cannot hold a NUL character, and no UTF-8 encoding
+    exists for a lone surrogate (``"\\ud800"``, which Python strings and JSON ``\\u`` escapes
+    can carry). Either one fails the write with a raw ``DataError`` or ``UnicodeEncodeError``
+    deep inside a transaction. Every service checks the strings it stores or looks up with
+    :func:`check_text` first, so the caller gets an :class:`~durable_agent.errors.InvalidInput`
+    (a 422 through the API) and nothing is written. Payloads and results go through
+    ``durable_agent.agents.services.encode_json``, which applies the same check to every key
+    and string they hold.
+
+Note [Blank text]
+    A required reason or name must not be blank: nothing is left once Unicode whitespace
+    *and* format characters (category Cf: zero-width space U+200B, word joiner U+2060, BOM
+    U+FEFF, bidi marks, ...) are taken out. Only whitespace is trimmed from the text kept, so
+    a reason that ends in an emoji tag sequence keeps it.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+from durable_agent.errors import InvalidInput
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: str) -> str | None:
+    """Why the database cannot store ``value`` (a NUL character, a lone surrogate), or None."""
+    found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "a NUL character"
+    return f"a lone surrogate (U+{ord(found.group()):04X})"
+
+
+def check_text(
+    value: str, *, what: str, error: type[InvalidInput] = InvalidInput, **context: Any
+) -> str:
+    """Return ``value`` if the database can store it, else raise ``error`` (Note [Storable text]).
+
+    Args:
+        value: the string to check (the caller has checked it is a string).
+        what: what it is, for the message ("reason", "thread key", ...).
+        error: the :class:`~durable_agent.errors.InvalidInput` subclass to raise.
+        **context: attributes of the error.
+    """
+    problem = unstorable(value)
+    if problem is not None:
+        raise error(f"The {what} contains {problem}, which cannot be stored", **context)
+    return value
+
+
+def is_blank(value: str) -> bool:
+    """True when ``value`` is only whitespace and format characters (Note [Blank text])."""
+    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in value)
+
+
+MAX_REASON_LENGTH = 2000
+
+
+def validate_reason(reason: object, *, required: bool = False) -> str:
+    """A repair's or rearm's reason, as the audit row keeps it (whitespace trimmed).
+
+    Raises:
+        InvalidInput: not a string, longer than ``MAX_REASON_LENGTH``, holding a NUL character
+            or a lone surrogate, or blank (Note [Blank text]) when ``required``.
+    """
+    if not isinstance(reason, str):
+        raise InvalidInput("A reason must be a string")
+    check_text(reason, what="reason")
+    if is_blank(reason):
+        if required:
+            raise InvalidInput("A reason is required for this repair")
+        return ""
+    reason = reason.strip()
+    if len(reason) > MAX_REASON_LENGTH:
+        raise InvalidInput(f"A reason has at most {MAX_REASON_LENGTH} characters")
+    return reason
