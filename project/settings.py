@@ -11,6 +11,7 @@ names) and ``DJANGO_CONN_MAX_AGE`` (see :func:`conn_max_age`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import sys
@@ -78,6 +79,14 @@ ALLOWED_HOSTS = [
     ),
 ]
 
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -87,6 +96,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_q",
     "durable_agent",
+    # django-ninja's static files: the API docs' Swagger UI is served from here, not a CDN
+    # (tests/extras runs the project without ninja, the optional "api" extra).
+    *(["ninja"] if _importable("ninja") else []),
     "project.demo",
 ]
 
