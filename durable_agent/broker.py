@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
+import sys
 import time
 from datetime import datetime
+from types import FrameType
 from typing import Any
 
 from django.db.models import Q
@@ -154,14 +157,17 @@ class AlarmBroker(ORM):  # type: ignore[misc]
 #     sentinel, and the sentinel's pusher, monitor and workers. The sentinel and its children
 #     ignore SIGINT, so Ctrl-C reaches the leader alone; but they leave SIGTERM at its default.
 #     When SIGTERM reaches every process at once (systemd's KillMode=control-group, `kill --
-#     -PGID`, some container runtimes), the sentinel dies inside stop_event.wait(), and the
-#     leader's stop_event.set() then waits forever for the dead waiter to acknowledge: the
-#     cluster hangs in "stopping". So the sentinel ignores SIGTERM as it ignores SIGINT (set in
-#     AlarmBroker.ping(), the first thing the sentinel does, before it forks its children), the
-#     pusher and monitor inherit that and are stopped by the leader as usual, and each worker
-#     takes SIGTERM back at its default (the sentinel's timeout kill is a SIGTERM). A worker
-#     killed mid-pass by a group SIGTERM is recovered like any crash (the pass lease and the
-#     sweep); docs/deployment.md's units signal the leader alone, which lets it finish.
+#     -PGID`, `timeout`, some container runtimes) they all die: the sentinel inside
+#     stop_event.wait(), so the leader's stop_event.set() waits forever for the dead waiter's
+#     acknowledgement, or, when only the workers die, the pusher blocks on the full task queue
+#     nobody drains. Either way the cluster hangs in "stopping". So SIGTERM is made to mean what
+#     it means to the leader: stop in order. The sentinel ignores it (set in AlarmBroker.ping(),
+#     the first thing the sentinel does, before it forks its children); the pusher and monitor
+#     inherit that and are stopped by the sentinel as usual; each worker ignores it unless its
+#     timer says the sentinel is killing it for overrunning ``timeout`` (that kill is a SIGTERM
+#     too), and finishes its task, then takes the sentinel's STOP. A worker's timer is the
+#     ``timer`` local of django-q2's worker(), found on the stack when post_spawn fires: -1 idle,
+#     the task's timeout (plus 3 s) while busy, 0 once the sentinel has counted it down.
 
 
 def _in_sentinel() -> bool:
@@ -169,9 +175,31 @@ def _in_sentinel() -> bool:
     return multiprocessing.parent_process() is not None
 
 
-def _worker_takes_sigterm(sender: Any, **kwargs: Any) -> None:
-    if _in_sentinel():
+def _worker_timer() -> Any:
+    """The ``timer`` Value of the django-q2 worker() running this post_spawn, or None."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "worker" and "timer" in frame.f_locals:
+            return frame.f_locals["timer"]
+        frame = frame.f_back
+    return None
+
+
+def _worker_sigterm(sender: Any, **kwargs: Any) -> None:
+    if not _in_sentinel():
+        return
+    timer = _worker_timer()
+    if timer is None:  # an unknown django-q2: keep its default, die on SIGTERM
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if timer.value == 0:  # the sentinel's timeout kill
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        # Otherwise SIGTERM reached the whole cluster: finish the task, then take the STOP.
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
-post_spawn.connect(_worker_takes_sigterm, dispatch_uid="durable_agent.broker.worker_sigterm")
+post_spawn.connect(_worker_sigterm, dispatch_uid="durable_agent.broker.worker_sigterm")

@@ -68,7 +68,11 @@ def test_qcluster__stops_within_10_s_and_loses_no_work(how: str, tmp_path: Path)
         while Submission.objects.exclude(state="settled").exists():
             assert time.monotonic() < give_up, log.read_text()
             time.sleep(0.05)  # polling an observable condition
-        _submit(host, 6, 6)  # then stop while these are being worked on
+        # Then stop while more alarm tasks are queued than the cluster holds (queue_limit 4,
+        # bulk 4, 2 workers): a worker that died on the signal would leave the pusher blocked
+        # on the full task queue.
+        for n in range(10):
+            _submit(Host.objects.create(key=f"busy-{n}"), 2, 100 + 2 * n)
         stopped_at = time.monotonic()
         if how == "group":
             os.killpg(cluster.pid, signal.SIGTERM)
@@ -95,4 +99,4 @@ def test_qcluster__stops_within_10_s_and_loses_no_work(how: str, tmp_path: Path)
     # No work lost: every submission is settled, or still owed with its host's alarm armed.
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
     assert summary.ok, [h.host for h in summary.violating]
-    assert Submission.objects.count() == 12
+    assert Submission.objects.count() == 26
