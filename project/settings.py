@@ -204,8 +204,22 @@ DURABLE_AGENT: dict[str, Any] = {}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # The demo's deliberate failures (project.demo.agents.DemoFailure) log one line each.
+    "filters": {"demo_failures": {"()": "project.demo.logging.OneLineDemoFailures"}},
+    "formatters": {
+        "q": {"format": "%(asctime)s [Q] %(levelname)s %(message)s", "datefmt": "%H:%M:%S"}
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "filters": ["demo_failures"]},
+        "q_console": {
+            "class": "logging.StreamHandler",
+            "formatter": "q",
+            "filters": ["demo_failures"],
+        },
+    },
     "loggers": {
         "durable_agent": {"handlers": ["console"], "level": os.environ.get("DA_LOG", "INFO")},
+        # django-q2's own format, as it sets up when its logger has no handler.
+        "django-q": {"handlers": ["q_console"], "level": "INFO", "propagate": False},
     },
 }
