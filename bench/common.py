@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -113,15 +115,24 @@ def machine() -> str:
 
 @contextmanager
 def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen[str]]:
-    """A live ``manage.py qcluster`` subprocess on the bench database; stopped with SIGTERM."""
+    """A live ``manage.py qcluster`` subprocess on the bench database; stopped with SIGTERM.
+
+    The cluster records its errors (failed tasks, ERROR log records; bench/faults.py): a
+    benchmark injects no faults, so any error ends the benchmark with a non-zero exit.
+    """
     from django.db import connections
 
+    from bench import faults
+
     connections.close_all()
+    errors = tempfile.mkdtemp(prefix="bench-cluster-")
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "bench.settings",
         "Q_WORKERS": str(workers),
         "Q_BROKER_CLASS": "durable_agent.broker.AlarmBroker" if fast else "",
+        "BENCH_ERROR_DIR": errors,
+        "SOAK_SOURCE": "cluster",
     }
     log = open(ROOT / "bench" / "qcluster.log", "a")  # noqa: SIM115  (closed below)
     process = subprocess.Popen(
@@ -143,6 +154,13 @@ def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+    recorded = faults.read(errors)
+    if recorded:
+        for row in recorded[:5]:
+            print(f"{row['source']}: {row['kind']}: {row['message'][-500:]}", file=sys.stderr)
+        kinds = sorted({row["kind"] for row in recorded})
+        raise SystemExit(f"the cluster recorded {len(recorded)} errors ({kinds}); see {errors}")
+    shutil.rmtree(errors, ignore_errors=True)
 
 
 def wait_for(predicate: Any, *, timeout: float, interval: float = 0.1) -> bool:

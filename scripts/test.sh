@@ -149,7 +149,8 @@ else
     record FAIL "package and docs (built wheel)" 0 "the build failed"
 fi
 
-# The chaos soak: live clusters, SIGKILLs and dropped connections, on its own database.
+# The chaos soak: live clusters, Python and HTTP producers, operators, SIGKILLs and dropped
+# connections, on its own database; every error it cannot pin on a fault it injected fails it.
 if [ $PG_OK = 1 ] && [ "${SKIP_SOAK:-}" != 1 ]; then
     command_leg "chaos soak (${SOAK_SECONDS:-60} s, PostgreSQL)" env \
         SOAK_DATABASE_URL="${SOAK_DATABASE_URL:-${PG_URL%/*}/durable_agent_soak}" \

@@ -1,7 +1,9 @@
-"""Agents the soak runs: short simulated work, one retry-safe and one plain."""
+"""Agents the soak runs: short simulated work, one retry-safe, one plain, one that asks for
+approval before it works."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any
@@ -12,8 +14,15 @@ import durable_agent
 def _work(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
     time.sleep(random.uniform(0, 0.02))  # simulated agent work (I/O)
     from bench.benchapp.models import Execution
+    from bench.faults import backend_pid
 
-    Execution.objects.create(submission_id=ctx.submission.pk, attempt=ctx.attempt)
+    # Where it ran: a re-run is explained only by a crash of this process or this connection.
+    Execution.objects.create(
+        submission_id=ctx.submission.pk,
+        attempt=ctx.attempt,
+        os_pid=os.getpid(),
+        db_pid=backend_pid(),
+    )
     return {"n": payload.get("n"), "attempt": ctx.attempt}
 
 
@@ -22,4 +31,10 @@ durable_agent.agent("soak-safe", version="1", retry_safe=True)(_work)
 
 @durable_agent.agent("soak-plain", version="1")
 def soak_plain(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    return _work(ctx, payload)
+
+
+@durable_agent.agent("soak-approval", version="1")
+def soak_approval(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    ctx.suspend_for_approval("soak operator")  # the soak's operators approve or abort it
     return _work(ctx, payload)

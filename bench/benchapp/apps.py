@@ -7,6 +7,12 @@ class BenchConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        import os
+
+        if os.environ.get("BENCH_ERROR_DIR"):
+            from bench import faults
+
+            faults.install()  # error accounting in every process of the soak or a benchmark
         from bench.benchapp import agents  # noqa: F401  (registers the soak agents)
         from durable_agent import lanes
 

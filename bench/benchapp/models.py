@@ -17,6 +17,8 @@ class Execution(models.Model):
 
     submission_id = models.BigIntegerField(db_index=True)
     attempt = models.IntegerField()
+    os_pid = models.IntegerField(null=True)  # the worker process that ran it
+    db_pid = models.IntegerField(null=True)  # the PostgreSQL backend of its connection
     at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
