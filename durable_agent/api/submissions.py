@@ -19,9 +19,7 @@ from durable_agent.api.auth import require_repair
 from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
-from durable_agent.api.selectors import get_host
-from durable_agent.models import Submission
-from durable_agent.schemas import (
+from durable_agent.api.schemas import (
     ApproveIn,
     HostKey,
     IdempotencyKey,
@@ -33,6 +31,8 @@ from durable_agent.schemas import (
     SubmitIn,
     ThreadKey,
 )
+from durable_agent.api.selectors import get_host
+from durable_agent.models import Submission
 
 router = Router(tags=["submissions"])
 IdempotencyHeader = Annotated[IdempotencyKey | None, Header(None, alias="Idempotency-Key")]
