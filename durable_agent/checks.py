@@ -106,6 +106,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durable_agent.E009",
             )
         )
+    recovery = raw.get("RECOVERY_TIMEOUT_MS", conf.get("RECOVERY_TIMEOUT_MS"))
+    deadline = timings[2]
+    if isinstance(recovery, int) and isinstance(deadline, int) and recovery >= deadline:
+        errors.append(
+            Error(
+                "DURABLE_AGENT RECOVERY_TIMEOUT_MS must be below EVENT_TIMEOUT_MS.",
+                hint="A recovery read bounded past the pass deadline is never cut off.",
+                id="durable_agent.E011",
+            )
+        )
     errors.extend(_check_q_cluster())
     return errors
 
@@ -303,13 +313,25 @@ def check_alarm_invariant(
                 id="durable_agent.W010",
             )
         ]
-    if summary.ok:
-        return []
-    hosts = ", ".join(h.host for h in summary.violating[:10])
-    return [
-        Error(
-            f"{len(summary.violating)} hosts violate the alarm invariant ({hosts}).",
-            hint="Run manage.py maintenance_audit for details, --repair to re-arm them.",
-            id="durable_agent.E010",
+    messages: list[CheckMessage] = []
+    if summary.violating:
+        hosts = ", ".join(h.host for h in summary.violating[:10])
+        messages.append(
+            Error(
+                f"{len(summary.violating)} hosts violate the alarm invariant ({hosts}).",
+                hint="Run manage.py maintenance_audit for details, --repair to re-arm them.",
+                id="durable_agent.E010",
+            )
         )
-    ]
+    if summary.failing:
+        hosts = ", ".join(f"{h.host} ({h.last_error[:80]})" for h in summary.failing[:10])
+        # A warning, not an error: the deploy being checked may be the one that fixes them.
+        messages.append(
+            Warning(
+                f"{len(summary.failing)} hosts are failing: their last passes all failed "
+                f"({hosts}).",
+                hint="Run manage.py maintenance_audit for the errors; see docs/operations.md.",
+                id="durable_agent.W011",
+            )
+        )
+    return messages

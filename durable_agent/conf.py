@@ -122,6 +122,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("PASS_HISTORY", 200, int, 1, 100_000, "PassRecord rows kept per host."),
     Setting(
+        "FAILING_AFTER_PASSES",
+        3,
+        int,
+        1,
+        1_000,
+        "Failed passes in a row after which a host is reported as failing.",
+    ),
+    Setting(
         "YIELD_AFTER_MS",
         600_000,
         int,
@@ -144,6 +152,14 @@ SETTINGS: tuple[Setting, ...] = (
         1,
         3_600_000,
         "The cooperative deadline of a whole pass.",
+    ),
+    Setting(
+        "RECOVERY_TIMEOUT_MS",
+        30_000,
+        int,
+        1,
+        3_600_000,
+        "How long a pass waits for one recovery read of the runtime before faulting its thread.",
     ),
     Setting(
         "API_AUTH_FAILURES_PER_MINUTE",
@@ -248,6 +264,10 @@ def dispatch_until() -> timedelta:
 
 def event_timeout() -> timedelta:
     return timedelta(milliseconds=int(get("EVENT_TIMEOUT_MS")))
+
+
+def recovery_timeout() -> timedelta:
+    return timedelta(milliseconds=int(get("RECOVERY_TIMEOUT_MS")))
 
 
 def api_auth_failures_per_minute() -> int:

@@ -95,3 +95,29 @@ class BindingUnavailable(DurableAgentError):
     """The agent binding for this submission is not registered in this deployment."""
 
     code = "binding_unavailable"
+
+
+class PassFailed(ExceptionGroup[Exception]):
+    """A maintenance pass failed in more than one place; ``exceptions`` holds every failure.
+
+    Raised by ``run_pass`` when, for example, an attempt failed and an admitted wave overran
+    its allowance in the same pass: each failure is kept, in the order the pass met them
+    (the native step's, then the concurrent waves', then the after-native waves'). Catch it
+    with ``except PassFailed`` or ``except*``. A pass with a single failure raises that one.
+    """
+
+    code = "pass_failed"
+
+    def __new__(cls, exceptions: list[Exception]) -> PassFailed:
+        return super().__new__(cls, _describe_failures(exceptions), exceptions)
+
+    def __init__(self, exceptions: list[Exception]) -> None:
+        super().__init__(_describe_failures(exceptions), exceptions)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _describe_failures(exceptions: list[Exception]) -> str:
+    parts = "; ".join(f"{type(exc).__name__}: {exc}" for exc in exceptions)
+    return f"{len(exceptions)} failures: {parts}"

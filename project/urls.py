@@ -15,3 +15,10 @@ urlpatterns = [
     path("api/durable-agent/", api.urls),
     re_path(r"^api/durable-agent/", not_found),
 ]
+
+try:  # the [metrics] extra (docs/operations.md); keep it on a path only Prometheus reaches
+    from durable_agent.contrib.metrics import metrics_view
+except ImportError:  # pragma: no cover - prometheus_client is not installed
+    pass
+else:
+    urlpatterns.append(path("internal/metrics", metrics_view))

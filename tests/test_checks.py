@@ -43,6 +43,10 @@ def test_checks__defaults_are_clean() -> None:
         ({"CLOCK": "no.such.module.now"}, "durable_agent.E005"),
         ({"RANDOM": "durable_agent.conf.SETTINGS"}, "durable_agent.E006"),
         ({"ALARM_BACKOFF_BASE_MS": 500, "ALARM_BACKOFF_CAP_MS": 100}, "durable_agent.E007"),
+        ({"RECOVERY_TIMEOUT_MS": 0}, "durable_agent.E004"),
+        ({"RECOVERY_TIMEOUT_MS": 3_600_001}, "durable_agent.E004"),
+        ({"RECOVERY_TIMEOUT_MS": 30.0}, "durable_agent.E003"),
+        ({"RECOVERY_TIMEOUT_MS": 1000, "EVENT_TIMEOUT_MS": 1000}, "durable_agent.E011"),
     ],
 )
 def test_checks__invalid_settings(value: object, expected: str) -> None:
@@ -68,6 +72,12 @@ def test_conf__read_at_call_time() -> None:
         assert conf.minimum_alarm_delay_ms() == 6
         assert conf.minimum_alarm_delay() == timedelta(milliseconds=6)
     assert conf.minimum_alarm_delay_ms() == 50
+
+
+def test_conf__recovery_timeout_defaults_to_upstreams_30_s() -> None:
+    assert conf.recovery_timeout() == timedelta(seconds=30)
+    with override_settings(DURABLE_AGENT={"RECOVERY_TIMEOUT_MS": 250}):
+        assert conf.recovery_timeout() == timedelta(milliseconds=250)
 
 
 def test_clock__setting_and_override_precedence() -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin
-from django.db.models import Model
+from django.core.exceptions import FieldDoesNotExist
+from django.db.models import DateTimeField, Model
 from django.http import HttpRequest
+
+from durable_agent.admin import formatting as fmt
 
 REPAIR_PERMISSION = "durable_agent.repair_host"
 VIEW_HOST_PERMISSION = "durable_agent.view_host"
@@ -42,6 +46,32 @@ class ReadOnlyAdmin(_Base[_M]):
 
     def has_repair_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm(REPAIR_PERMISSION))
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        """Datetime columns in the host page's format (``2030-01-01 00:00:05 UTC``), not the
+        locale's: one date format across the admin."""
+        return [_utc_column(self.model, name) for name in super().get_list_display(request)]
+
+
+def _utc_column(model: type[Model], name: Any) -> Any:
+    if not isinstance(name, str):
+        return name
+    try:
+        field = model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return name
+    if not isinstance(field, DateTimeField):
+        return name
+
+    def column(obj: Any) -> str:
+        value = getattr(obj, name)
+        return fmt.timestamp(value) if value is not None else "-"
+
+    shown: Callable[[Any], str] = admin.display(description=str(field.verbose_name), ordering=name)(
+        column
+    )
+    shown.__name__ = name  # keeps the column's CSS classes (column-<name>, field-<name>)
+    return shown
 
 
 class HostPartAdmin(ReadOnlyAdmin[_M]):

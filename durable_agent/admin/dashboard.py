@@ -7,8 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db.models import F
+
 from durable_agent.admin import charts, queries
 from durable_agent.admin import formatting as fmt
+from durable_agent.maintenance import selectors
 from durable_agent.models import DueLane, Host, PassRecord, RecoveryFault
 
 UPCOMING_LIMIT = 30
@@ -37,6 +40,18 @@ class Dashboard:
     overdue: tuple[Item, ...]
     parked: tuple[Item, ...]
     faults: tuple[Item, ...]
+    failing: tuple[Item, ...] = ()
+
+
+def _failing_item(host: Host, host_url: Callable[[int], str]) -> Item:
+    error = str(getattr(host, "last_error", "") or "")
+    return Item(
+        host.key,
+        host_url(host.pk),
+        f"{getattr(host, 'failed_passes', 0)} failed passes in a row",
+        fmt.timestamp(getattr(host, "last_pass_at", None)),
+        error.splitlines()[0][:160] if error else "",
+    )
 
 
 def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
@@ -61,6 +76,11 @@ def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
     )
     parked = DueLane.objects.parked().select_related("host").order_by("host__key", "lane")
     faults = RecoveryFault.objects.select_related("host").order_by("retry_at", "pk")
+    failing = (
+        selectors.annotate_hosts(Host.objects.all())
+        .filter(selectors.failing())
+        .order_by(F("failed_passes").desc(), "key")[:LIST_LIMIT]
+    )
     return Dashboard(
         now=fmt.timestamp(now),
         counts=counts,
@@ -99,4 +119,5 @@ def load(now: datetime, host_url: Callable[[int], str]) -> Dashboard:
             )
             for fault in faults[:LIST_LIMIT]
         ),
+        failing=tuple(_failing_item(h, host_url) for h in failing),
     )

@@ -50,6 +50,16 @@ class OverdueFilter(_YesNoFilter):
         return super().queryset(request, queryset)
 
 
+class FailingFilter(_YesNoFilter):
+    title = "failing"
+    parameter_name = "failing"
+    yes = "failing (recent passes all failed)"
+    no = "not failing"
+
+    def condition(self) -> Q:
+        return queries.failing()
+
+
 class ParkedFilter(_YesNoFilter):
     title = "parked lanes"
     parameter_name = "parked"

@@ -8,11 +8,12 @@ from datetime import datetime
 from typing import Any
 
 from durable_agent.admin import formatting as fmt
-from durable_agent.admin.queries import OVERDUE_AFTER, overdue_by
+from durable_agent.maintenance import selectors
 from durable_agent.maintenance.alarm import slot_deadline
 from durable_agent.maintenance.audit import HostAudit, audit_host
 from durable_agent.maintenance.due_queue import EPOCH
 from durable_agent.maintenance.lane_ids import FRAMEWORK_LANES
+from durable_agent.maintenance.selectors import OVERDUE_AFTER, overdue_by
 from durable_agent.models import (
     AlarmAudit,
     BindingRetry,
@@ -26,6 +27,7 @@ from durable_agent.models import (
     RecoveryFault,
     WorkCursor,
 )
+from durable_agent.runtime import get_runtime
 
 RECENT_EVENTS = 20
 RECENT_PASSES = 20
@@ -86,6 +88,11 @@ class HostPage:
     passes: tuple[Row, ...]
     audits: tuple[Row, ...]
     audit: HostAudit
+    owed: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failing_hint(self) -> str:
+        return selectors.failing_hint(self.audit.last_error) if self.audit.failing else ""
 
     @property
     def parked_lanes(self) -> int:
@@ -117,8 +124,46 @@ def slot_setter(lanes: list[DueLane]) -> DueLane | None:
     return min(timed, key=_lane_order) if timed else None
 
 
+def _owed_text(owed: dict[str, int], binding_waits: int) -> tuple[str, str, str]:
+    """The "Owed work" fact: unsettled submissions by state, and heads waiting for a binding."""
+    parts = [
+        f"{owed.get('ready', 0)} ready",
+        f"{owed.get('running', 0)} running",
+        f"{owed.get('suspended', 0)} suspended (waiting for approval)",
+        f"{owed.get('unknown', 0)} unknown (to resolve)",
+        f"{binding_waits} waiting for a binding",
+    ]
+    stuck = owed.get("suspended", 0) + owed.get("unknown", 0) + binding_waits
+    note = "needs an operator" if stuck else ""
+    return ", ".join(parts), note, "warn" if stuck else ""
+
+
+def _health(audit: HostAudit) -> Fact:
+    if audit.failing:
+        return Fact(
+            "Health",
+            "FAILING",
+            f"the last {audit.failed_passes} passes failed: {audit.last_error}",
+            "bad",
+        )
+    if audit.failed_passes:
+        return Fact(
+            "Health",
+            "recovering",
+            f"{audit.failed_passes} failed pass{'es' if audit.failed_passes > 1 else ''} in a "
+            f"row (failing at {selectors.failing_after()})",
+            "warn",
+        )
+    return Fact("Health", "passes succeed", "", "ok")
+
+
 def _facts(
-    host: Host, state: MaintenanceState | None, audit: HostAudit, now: datetime
+    host: Host,
+    state: MaintenanceState | None,
+    audit: HostAudit,
+    now: datetime,
+    owed: dict[str, int],
+    binding_waits: int,
 ) -> tuple[Fact, ...]:
     slot = slot_deadline(host.alarm)
     late = overdue_by(slot, now)
@@ -133,6 +178,8 @@ def _facts(
         slot_fact = Fact("Alarm slot", fmt.timestamp(slot), fmt.relative(slot, now), "ok")
     dirty, processed = (state.dirty, state.processed) if state else (1, 0)
     facts = [
+        _health(audit),
+        Fact("Owed work", *_owed_text(owed, binding_waits)),
         Fact("Kind", "single-thread" if host.single_thread else "shared"),
         Fact(
             "Generations",
@@ -195,13 +242,22 @@ def load(host: Host, now: datetime) -> HostPage:
     state = MaintenanceState.objects.filter(host_id=host.pk).first()
     lanes = sorted(DueLane.objects.filter(host_id=host.pk), key=_lane_order)
     setter = slot_setter(lanes)
-    audit = audit_host(host, now=now, state=state, lanes=lanes)
+    # The same audit as the API and the health endpoint (registry key included).
+    audit = audit_host(
+        host,
+        now=now,
+        state=state,
+        lanes=lanes,
+        registry_key=get_runtime().binding_registry_key(),
+    )
+    owed = selectors.owed_work(host)
+    retries = list(BindingRetry.objects.filter(host_id=host.pk).order_by("reported_at", "pk"))
     tickets = list(MutationTicket.objects.filter(host_id=host.pk).order_by("created_at", "pk"))
     live = [ticket for ticket in tickets if ticket.expires_at > now]
     return HostPage(
         host=host,
         now=now,
-        facts=_facts(host, state, audit, now),
+        facts=_facts(host, state, audit, now, owed, len(retries)),
         lanes=tuple(
             LaneRow(
                 pk=lane.pk,
@@ -246,7 +302,7 @@ def load(host: Host, now: datetime) -> HostPage:
                 ),
                 key=str(r.pk),
             )
-            for r in BindingRetry.objects.filter(host_id=host.pk).order_by("reported_at", "pk")
+            for r in retries
         ),
         cursors=tuple(
             Row(c.pk, (c.thread, c.cursor[:120], fmt.timestamp(c.updated_at)))
@@ -312,8 +368,8 @@ def load(host: Host, now: datetime) -> HostPage:
                     a.action,
                     a.actor,
                     a.reason,
-                    fmt.timestamp(a.old_deadline) if a.old_deadline else "disarmed",
-                    fmt.timestamp(a.new_deadline) if a.new_deadline else "disarmed",
+                    _audit_deadline(a, a.old_deadline),
+                    _audit_deadline(a, a.new_deadline),
                     str(a.generation),
                     _json(a.detail),
                 ),
@@ -323,4 +379,12 @@ def load(host: Host, now: datetime) -> HostPage:
             ]
         ),
         audit=audit,
+        owed=owed,
     )
+
+
+def _audit_deadline(audit: AlarmAudit, deadline: Any) -> str:
+    """An audit row's deadline; empty for a submission action, which does not move the slot."""
+    if deadline is not None:
+        return fmt.timestamp(deadline)
+    return "" if "submission" in audit.detail else "disarmed"

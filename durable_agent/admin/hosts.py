@@ -18,7 +18,7 @@ from durable_agent.admin import formatting as fmt
 from durable_agent.admin.base import ReadOnlyAdmin
 from durable_agent.admin.confirm import Confirmation, confirm
 from durable_agent.admin.forms import RearmAtForm, ReasonForm
-from durable_agent.maintenance import alarm, repairs
+from durable_agent.maintenance import alarm, repairs, selectors
 from durable_agent.maintenance.alarm import slot_deadline
 from durable_agent.models import Host
 
@@ -27,22 +27,25 @@ def _slot_text(when: Any) -> str:
     return fmt.timestamp(when) if when else "disarmed"
 
 
+def _badge(tone: str, text: str) -> str:
+    return format_html('<span class="da-badge da-badge-{}">{}</span>', tone, text)
+
+
 @admin.register(Host)
 class HostAdmin(ReadOnlyAdmin[Host]):
     list_display = [
-        "key",
-        "kind",
+        "key_and_kind",
+        "health",
         "generations",
-        "lag",
         "slot",
-        "slot_lateness",
         "parked",
         "faults",
         "binding_retries",
         "last_pass",
     ]
-    list_display_links = ["key"]
+    list_display_links = ["key_and_kind"]
     list_filter = [
+        filters.FailingFilter,
         filters.OverdueFilter,
         filters.ParkedFilter,
         filters.FaultedFilter,
@@ -66,35 +69,61 @@ class HostAdmin(ReadOnlyAdmin[Host]):
 
     # -- columns ---------------------------------------------------------------------------
 
-    @admin.display(description="kind", ordering="single_thread")
-    def kind(self, host: Host) -> str:
-        return "single" if host.single_thread else "shared"
+    @admin.display(description="health", ordering="-failed_passes")
+    def health(self, host: Host) -> Any:
+        seen = selectors.verdict(host)
+        if seen.failing:
+            return format_html(
+                '<span class="da-badge da-badge-bad" title="{}">failing</span>',
+                f"{seen.failed_passes} failed passes in a row: {seen.last_error[:200]}",
+            )
+        if seen.overdue:
+            return _badge("bad", "overdue")
+        if seen.parked_lanes:
+            return _badge("warn", "parked")
+        if seen.faults:
+            return _badge("warn", "faulted")
+        return _badge("ok", "ok")
 
-    @admin.display(description="dirty / processed", ordering="gen_dirty")
-    def generations(self, host: Host) -> str:
-        return f"{getattr(host, 'gen_dirty', '?')} / {getattr(host, 'gen_processed', '?')}"
+    @admin.display(description="key", ordering="key")
+    def key_and_kind(self, host: Host) -> Any:
+        """The key, marked when the host is single-thread (shared is the default)."""
+        if host.single_thread:
+            return format_html('{} <span class="da-kind">single</span>', host.key)
+        return host.key
 
-    @admin.display(description="lag", ordering="gen_lag")
-    def lag(self, host: Host) -> Any:
+    @admin.display(description="dirty / processed", ordering="gen_lag")
+    def generations(self, host: Host) -> Any:
+        dirty, processed = getattr(host, "gen_dirty", "?"), getattr(host, "gen_processed", "?")
         lag = getattr(host, "gen_lag", 0)
-        return format_html('<span class="da-tone-warn">{}</span>', lag) if lag else lag
+        if lag:
+            return format_html(
+                '<span class="da-tone-warn" title="lag {}">{} / {}</span>', lag, dirty, processed
+            )
+        return f"{dirty} / {processed}"
 
     @admin.display(description="slot", ordering="slot_at")
-    def slot(self, host: Host) -> str:
-        return _slot_text(getattr(host, "slot_at", None))
-
-    @admin.display(description="overdue")
-    def slot_lateness(self, host: Host) -> Any:
+    def slot(self, host: Host) -> Any:
+        """The slot's time and, below it, how far it is (or how late, in warning colours)."""
         slot_at = getattr(host, "slot_at", None)
+        if slot_at is None:
+            return "disarmed"
         now = clock.now()
         late = queries.overdue_by(slot_at, now)
-        if slot_at is None:
-            return "-"
         if late is None:
-            return fmt.relative(slot_at, now)
-        tone = "bad" if late > queries.OVERDUE_AFTER else "warn"
+            when = format_html('<span class="da-muted">{}</span>', fmt.relative(slot_at, now))
+        else:
+            tone = "bad" if late > queries.OVERDUE_AFTER else "warn"
+            when = format_html(
+                '<span class="da-tone-{}">by {}</span>', tone, fmt.duration_between(now, slot_at)
+            )
+        day, _, time = fmt.timestamp(slot_at).partition(" ")
         return format_html(
-            '<span class="da-tone-{}">by {}</span>', tone, fmt.duration_between(now, slot_at)
+            '<span class="da-nowrap">{}</span> <span class="da-nowrap">{}</span>'
+            '<div class="da-slot-when">{}</div>',
+            day,
+            time,
+            when,
         )
 
     @admin.display(description="parked", ordering="parked_lanes")
@@ -183,6 +212,9 @@ class HostAdmin(ReadOnlyAdmin[Host]):
             "app_label": self.opts.app_label,
             "dashboard": dashboard.load(clock.now(), host_url),
             "host_list_url": reverse(f"{name}:durable_agent_host_changelist", current_app=name),
+            "submission_list_url": reverse(
+                f"{name}:durable_agent_submission_changelist", current_app=name
+            ),
             "media": self.media,
         }
         request.current_app = name

@@ -26,6 +26,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -179,6 +180,7 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
     search_help_text = "Search by thread key, host key, idempotency key or agent."
     ordering = ["-updated_at", "-id"]
     actions = ["abort_submissions", "approve_submissions", "reject_submissions"]
+    change_form_template = "admin/durable_agent/submission/change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Submission]:
         earlier = Submission.objects.filter(
@@ -211,9 +213,41 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
     def agent_binding(self, submission: Submission) -> str:
         return f"{submission.agent}@{submission.agent_version}"
 
-    @admin.display(description="head", boolean=True, ordering="is_head")
-    def is_head(self, submission: Submission) -> bool:
-        return bool(getattr(submission, "is_head", False))
+    @admin.display(description="head", ordering="is_head")
+    def is_head(self, submission: Submission) -> str:
+        # A tick for the head, a cross for work queued behind it, nothing for settled work
+        # (a settled submission is not "not the head": the question does not apply).
+        if submission.state == SubmissionState.SETTLED:
+            return "-"
+        head = bool(getattr(submission, "is_head", False))
+        icon = static(f"admin/img/icon-{'yes' if head else 'no'}.svg")
+        return format_html('<img src="{}" alt="{}">', icon, head)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        submission = (
+            Submission.objects.select_related("thread", "host").filter(pk=object_id).first()
+            if object_id.isdigit()
+            else None
+        )
+        if submission is not None:
+            context["title"] = (
+                f"Submission {submission.pk}: thread {submission.thread.key} "
+                f"#{submission.sequence} ({submission.state})"
+            )
+            context["suspended"] = submission.state == SubmissionState.SUSPENDED
+            context["can_repair"] = self.has_repair_permission(request)
+            context["submission_actions_url"] = _admin_url(
+                self.admin_site, "submission", "changelist"
+            )
+            context["here"] = request.get_full_path()
+        return super().change_view(request, object_id, form_url, context)
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -229,7 +263,7 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
         call: Any,
     ) -> HttpResponse | None:
         def run(submission: Submission, data: dict[str, Any]) -> str:
-            status = call(submission.pk)
+            status = call(submission.pk, actor=request.user, reason=data["reason"])
             self.log_change(request, submission, f"{action}: {data['reason']}")
             state = status.state + (f"/{status.outcome}" if status.outcome else "")
             return (
@@ -306,5 +340,5 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
                 "Each suspended submission settles 'failed' with error reason 'rejected'. "
                 "Submissions that are not suspended are refused."
             ),
-            call=lambda pk: services.approve(pk, approved=False),
+            call=lambda pk, **audit: services.approve(pk, approved=False, **audit),
         )

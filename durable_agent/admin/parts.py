@@ -25,6 +25,9 @@ from durable_agent.models import (
     RecoveryFault,
 )
 
+ERROR_SHOWN = 90
+"""Characters of a pass error shown in the pass list (the whole error is its tooltip)."""
+
 
 class _HostLinkMixin:
     """A ``host_link`` column (the host page) for admins of rows with a ``host`` FK."""
@@ -229,20 +232,42 @@ class PassRecordAdmin(_HostLinkMixin, HostPartAdmin[PassRecord]):
     list_display = [
         "started_at",
         "host_link",
-        "phase",
+        "phase_shown",
         "lateness",
         "duration",
-        "recovered",
-        "settled",
-        "alarm",
-        "generation",
-        "error",
+        "work",
+        "alarm_and_generation",
+        "error_shown",
     ]
     list_filter = ["phase", "alarm"]
     list_select_related = ["host"]
     search_fields = ["host__key", "error"]
     date_hierarchy = "started_at"
     ordering = ["-started_at", "-id"]
+
+    @admin.display(description="phase", ordering="phase")
+    def phase_shown(self, record: PassRecord) -> str:
+        # The class lets the stylesheet highlight the whole row of a failed pass.
+        return format_html(
+            '<span class="da-phase da-phase-{}">{}</span>', record.phase, record.phase
+        )
+
+    @admin.display(description="error")
+    def error_shown(self, record: PassRecord) -> str:
+        if not record.error:
+            return ""
+        first = record.error.splitlines()[0]
+        short = first if len(first) <= ERROR_SHOWN else first[: ERROR_SHOWN - 1] + "…"
+        return format_html('<span class="da-error" title="{}">{}</span>', record.error, short)
+
+    @admin.display(description="recovered / settled")
+    def work(self, record: PassRecord) -> str:
+        return f"{record.recovered} / {record.settled}"
+
+    @admin.display(description="alarm (generation)", ordering="alarm")
+    def alarm_and_generation(self, record: PassRecord) -> str:
+        alarm = record.alarm or "-"
+        return alarm if record.generation is None else f"{alarm} ({record.generation})"
 
     @admin.display(description="lateness", ordering="lateness_ms")
     def lateness(self, record: PassRecord) -> str:

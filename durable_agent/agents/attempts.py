@@ -16,7 +16,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from durable_agent import clock
+from durable_agent import clock, signals
 from durable_agent.agents import leases, registry, transitions
 from durable_agent.agents.context import AgentContext, ApprovalRequested
 from durable_agent.agents.errors import InvalidPayload, TransactionMisuse
@@ -26,20 +26,47 @@ from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.transactions import user_atomic_depth
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
+from durable_agent.observability import log_extra
 from durable_agent.runtime import Settlement
 
 logger = logging.getLogger("durable_agent.agents")
 
 
+def holds_thread(state: str, agent: str, version: str) -> bool:
+    """Does an ``unknown`` submission keep the later submissions of its thread waiting?
+
+    Only when its agent is registered with ``strict_order=True``. Otherwise the outcome
+    waits alone for its operator and the next submission becomes the head (Note [An unknown
+    outcome waits alone]).
+    """
+    if state != SubmissionState.UNKNOWN:
+        return False
+    spec = registry.lookup(agent, version)
+    return spec is not None and spec.strict_order
+
+
 def head_of(host: Host, thread: str) -> Submission | None:
-    """The thread's head: its first nonterminal submission (FIFO by sequence)."""
-    return (
+    """The thread's head: its first nonterminal submission (FIFO by sequence), skipping the
+    ``unknown`` ones that do not hold the thread.
+
+    Note [An unknown outcome waits alone]
+        An ``unknown`` submission waits for an operator (``resolve_unknown`` or ``abort``).
+        Like upstream, it does not hold up its thread: the submission behind it becomes the
+        head and runs. An agent registered with ``strict_order=True`` keeps strict FIFO: its
+        unknown submission stays the head and the thread waits with it.
+    """
+    rows = (
         Submission.objects.nonterminal()
         .filter(host=host, thread__key=thread)
         .select_related("thread")
         .order_by("sequence")
-        .first()
     )
+    for row in rows.iterator(chunk_size=32):
+        if row.state != SubmissionState.UNKNOWN or holds_thread(
+            row.state, row.agent, row.agent_version
+        ):
+            return row
+    return None
 
 
 def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settlement | None:
@@ -100,7 +127,9 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
                 head.agent,
                 head.pk,
                 exc_info=True,
-                extra={"host": host.key, "thread_key": thread, "submission": head.pk},
+                extra=log_extra(
+                    host, thread_key=thread, submission_id=head.pk, action="agent_failed"
+                ),
             )
             failure = exc
     if approval is not None:
@@ -130,7 +159,7 @@ def _lost(host: Host, submission: Submission, action: str) -> None:
         "Submission %s lost its lease before it could %s; recovery owns it now",
         submission.pk,
         action,
-        extra={"host": host.key, "submission": submission.pk},
+        extra=log_extra(host, submission_id=submission.pk, action="lease_lost"),
     )
 
 
@@ -160,6 +189,7 @@ def _settle(
         fields = transitions.settled(outcome, now, result=stored, error=error)
         Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
         tx.record_progress([NATIVE])
+        signals.submission_settled_on_commit(row.pk, row.host_id, outcome)
     return Settlement(submission.thread.key, str(submission.pk), outcome.value)
 
 
@@ -178,6 +208,8 @@ def _suspend(host: Host, submission: Submission, owner: str, reason: str) -> Set
             fields = transitions.suspended(reason, now)
         Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
         tx.record_progress([NATIVE])
+        if aborted:
+            signals.submission_settled_on_commit(row.pk, row.host_id, SubmissionOutcome.ABORTED)
     if aborted:
         return Settlement(submission.thread.key, str(submission.pk), SubmissionOutcome.ABORTED)
     return None

@@ -87,7 +87,7 @@ class LeaseKeeper:
                     logger.warning(
                         "Lease of submission %s was lost while its agent ran",
                         self.submission_id,
-                        extra={"submission": self.submission_id},
+                        extra={"submission_id": self.submission_id},
                     )
                     self.lost.set()
                     return
@@ -95,7 +95,7 @@ class LeaseKeeper:
             logger.exception(
                 "Renewing the lease of submission %s failed",
                 self.submission_id,
-                extra={"submission": self.submission_id},
+                extra={"submission_id": self.submission_id},
             )
         finally:
             connections.close_all()  # this thread's connections only

@@ -30,13 +30,14 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from durable_agent import clock
+from durable_agent import clock, signals
 from durable_agent.agents import registry, transitions
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.recovery import blocked_failure
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState, Thread
+from durable_agent.observability import log_extra
 from durable_agent.runtime import DiscoveryPage, RecoveryReport, RecoverySweep, WorkReport
 
 logger = logging.getLogger("durable_agent.agents")
@@ -76,7 +77,7 @@ def run_recovery(host: Host, thread: str, cursor: str | None) -> RecoverySweep:
             "Recovery of thread %r failed",
             thread,
             exc_info=True,
-            extra={"host": host.key, "thread_key": thread},
+            extra=log_extra(host, thread_key=thread, action="recovery_failed"),
         )
         return RecoverySweep(blocked=(blocked_failure(thread, exc, "run recovery"),))
 
@@ -132,9 +133,10 @@ def _recover(
     if row.state == SubmissionState.UNKNOWN:
         return RecoveryReport(thread, submission, "AwaitUnknownResolution", "unknown")
     if row.state == SubmissionState.READY and row.abort_requested_at is not None:
-        Submission.objects.filter(pk=row.pk, state=SubmissionState.READY).update(
+        if Submission.objects.filter(pk=row.pk, state=SubmissionState.READY).update(
             **transitions.settled(SubmissionOutcome.ABORTED, now)
-        )
+        ):
+            signals.submission_settled_on_commit(row.pk, row.host_id, SubmissionOutcome.ABORTED)
         return RecoveryReport(thread, submission, "SettleAborted", "repaired")
     if row.state != SubmissionState.RUNNING or row.lease_expires_at is None:
         return None
@@ -160,11 +162,19 @@ def _recover(
     ).update(**fields)
     if updated != 1:
         return None  # renewed or settled by its owner meanwhile: nothing to repair
+    if fields["state"] == SubmissionState.SETTLED:
+        signals.submission_settled_on_commit(row.pk, row.host_id, SubmissionOutcome.ABORTED)
     logger.info(
         "Recovered submission %s of thread %r after its lease expired: %s",
         row.pk,
         thread,
         report.decision,
-        extra={"thread_key": thread, "submission": row.pk, "decision": report.decision},
+        extra=log_extra(
+            row.host_id,
+            thread_key=thread,
+            submission_id=row.pk,
+            decision=report.decision,
+            action="recovered",
+        ),
     )
     return report

@@ -60,6 +60,7 @@ class AgentSpec:
     version: str
     fn: AgentFunction
     retry_safe: bool = False
+    strict_order: bool = False
 
     @property
     def binding(self) -> tuple[str, str]:
@@ -102,7 +103,12 @@ def _same_function(a: AgentFunction, b: AgentFunction) -> bool:
 
 
 def register(
-    name: str, fn: AgentFunction, *, version: str | int = "1", retry_safe: bool = False
+    name: str,
+    fn: AgentFunction,
+    *,
+    version: str | int = "1",
+    retry_safe: bool = False,
+    strict_order: bool = False,
 ) -> AgentSpec:
     """Register ``fn(ctx, payload) -> result`` as the binding (name, version).
 
@@ -111,22 +117,31 @@ def register(
 
     Raises:
         AgentAlreadyRegistered: another function, or the same one with another
-            ``retry_safe``, is registered under this name and version.
+            ``retry_safe`` or ``strict_order``, is registered under this name and version.
         InvalidInput: the name, version or function is invalid.
     """
     name = _validate_name(name)
     version = _validate_version(version)
     if not callable(fn):
         raise InvalidInput(f"Agent {name!r} must be callable, not {type(fn).__name__}")
-    spec = AgentSpec(name=name, version=version, fn=fn, retry_safe=bool(retry_safe))
+    spec = AgentSpec(
+        name=name,
+        version=version,
+        fn=fn,
+        retry_safe=bool(retry_safe),
+        strict_order=bool(strict_order),
+    )
     with _lock:
         existing = _agents.get(spec.binding)
         if existing is not None and not (
-            _same_function(existing.fn, fn) and existing.retry_safe == spec.retry_safe
+            _same_function(existing.fn, fn)
+            and existing.retry_safe == spec.retry_safe
+            and existing.strict_order == spec.strict_order
         ):
             raise AgentAlreadyRegistered(
                 f"Agent {name!r} version {version!r} is already registered to "
-                f"{_describe(existing.fn)} (retry_safe={existing.retry_safe}); bump the version "
+                f"{_describe(existing.fn)} (retry_safe={existing.retry_safe}, "
+                f"strict_order={existing.strict_order}); bump the version "
                 "to deploy a different function",
                 agent=name,
                 version=version,
@@ -135,7 +150,9 @@ def register(
     return spec
 
 
-def agent(name: str, *, version: str | int = "1", retry_safe: bool = False) -> Callable[[F], F]:
+def agent(
+    name: str, *, version: str | int = "1", retry_safe: bool = False, strict_order: bool = False
+) -> Callable[[F], F]:
     """Decorator form of :func:`register`; returns the function unchanged.
 
     Args:
@@ -144,10 +161,13 @@ def agent(name: str, *, version: str | int = "1", retry_safe: bool = False) -> C
         retry_safe: an attempt that crashed after ``ctx.mark_side_effect()`` may simply be
             run again (the agent's side effects are idempotent). Otherwise such a crash
             leaves the submission ``unknown`` for an operator to resolve.
+        strict_order: an ``unknown`` submission of this agent holds up the later submissions
+            of its thread until an operator resolves or aborts it. By default (False) the
+            next submission becomes the thread's head and runs; the unknown one waits alone.
     """
 
     def decorate(fn: F) -> F:
-        register(name, fn, version=version, retry_safe=retry_safe)
+        register(name, fn, version=version, retry_safe=retry_safe, strict_order=strict_order)
         return fn
 
     return decorate

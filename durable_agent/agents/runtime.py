@@ -22,14 +22,26 @@ class ReferenceRuntime:
         return registry.registry_key()
 
     def scan_nonterminal(self, host: Host) -> list[WorkItem]:
-        """Every nonterminal submission of ``host``: by thread key, FIFO within a thread."""
+        """Every nonterminal submission of ``host``: by thread key, FIFO within a thread.
+
+        An ``unknown`` submission of an agent registered with ``strict_order=True`` holds
+        its thread (see :func:`durable_agent.agents.attempts.holds_thread`).
+        """
         rows = (
             Submission.objects.nonterminal()
             .filter(host=host)
             .order_by("thread__key", "sequence")
-            .values_list("thread__key", "pk", "state")
+            .values_list("thread__key", "pk", "state", "agent", "agent_version")
         )
-        return [WorkItem(thread=key, submission=str(pk), state=state) for key, pk, state in rows]
+        return [
+            WorkItem(
+                thread=key,
+                submission=str(pk),
+                state=state,
+                holds_thread=attempts.holds_thread(state, agent, version),
+            )
+            for key, pk, state, agent, version in rows
+        ]
 
     def discover_work_threads(self, host: Host, after: str | None, limit: int) -> DiscoveryPage:
         """Threads owning recoverable work (expired leases, abort intents), after ``after``."""

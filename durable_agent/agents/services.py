@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from django.db.models import Max
 
-from durable_agent import clock
+from durable_agent import clock, signals
 from durable_agent.agents import registry, transitions
 from durable_agent.agents.errors import (
     AgentNotRegistered,
@@ -39,17 +39,20 @@ from durable_agent.agents.errors import (
 )
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance import gate
+from durable_agent.maintenance.alarm import _actor_name
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.transactions import resolve_host_id
 from durable_agent.models import (
+    AlarmAudit,
     Host,
+    MaintenanceState,
     Submission,
     SubmissionOutcome,
     SubmissionState,
     Thread,
 )
 from durable_agent.models.ledger import MAX_IDEMPOTENCY_KEY_LENGTH, MAX_THREAD_KEY_LENGTH
-from durable_agent.text import check_text
+from durable_agent.text import check_text, validate_reason
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
@@ -69,6 +72,8 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 SubmissionRef = Submission | int | str
 Resolution = Literal["completed", "failed", "retry"]
 RESOLUTIONS: tuple[str, ...] = ("completed", "failed", "retry")
+_NOT_RUNNING = (SubmissionState.READY, SubmissionState.SUSPENDED, SubmissionState.UNKNOWN)
+"""States ``abort`` settles at once: no attempt is running them."""
 
 
 @dataclass(frozen=True)
@@ -351,7 +356,7 @@ def _locked(submission_id: int) -> Submission:
 
 
 def _refuse(row: Submission, operation: str, hint: str) -> InvalidSubmissionState:
-    state = row.state if row.outcome is None else f"{row.state}/{row.outcome}"
+    state = _state_of(row)
     return InvalidSubmissionState(
         f"Cannot {operation} submission {row.pk}: it is {state}; {hint}",
         submission=row.pk,
@@ -366,6 +371,49 @@ def _write(row: Submission, fields: dict[str, Any]) -> None:
         setattr(row, name, value)
 
 
+def _audit(
+    row: Submission,
+    *,
+    action: str,
+    actor: str,
+    reason: str,
+    before: str,
+    now: Any,
+    **extra: str,
+) -> None:
+    """One ``AlarmAudit`` row for an operator's action on ``row``, in the action's transaction:
+    it commits with the change or not at all. ``generation`` is the host's generation the
+    action was admitted at (the commit advances it when the action releases work)."""
+    generation = (
+        MaintenanceState.objects.filter(host_id=row.host_id).values_list("dirty", flat=True).first()
+    )
+    audit = AlarmAudit.objects.create(
+        host_id=row.host_id,
+        actor=actor,
+        action=action,
+        reason=reason,
+        generation=generation or 0,
+        detail={
+            "submission": int(row.pk),
+            "thread": Thread.objects.values_list("key", flat=True).get(pk=row.thread_id),
+            "sequence": int(row.sequence),
+            "before": before,
+            "after": _state_of(row),
+            **extra,
+        },
+        at=now,
+    )
+    if signals.repair_performed.has_listeners(AlarmAudit):
+        host = Host.objects.get(pk=row.host_id)
+        signals.send_on_commit(signals.repair_performed, sender=AlarmAudit, host=host, audit=audit)
+    if row.state == SubmissionState.SETTLED:
+        signals.submission_settled_on_commit(row.pk, row.host_id, row.outcome)
+
+
+def _state_of(row: Submission) -> str:
+    return row.state if row.outcome is None else f"{row.state}/{row.outcome}"
+
+
 def _status(row: Submission) -> SubmissionStatus:
     thread = Thread.objects.values_list("key", flat=True).get(pk=row.thread_id)
     return SubmissionStatus(
@@ -378,40 +426,48 @@ def _status(row: Submission) -> SubmissionStatus:
     )
 
 
-def abort(submission: SubmissionRef) -> SubmissionStatus:
+def abort(submission: SubmissionRef, *, actor: Any = None, reason: str = "") -> SubmissionStatus:
     """Ask for a submission to end ``aborted``.
 
-    * ``ready`` or ``suspended`` (nothing is running): settles ``aborted`` at once, wherever
-      it is queued; the thread moves on to its next submission.
+    * ``ready``, ``suspended`` or ``unknown`` (nothing is running): settles ``aborted`` at
+      once, wherever it is queued; the thread moves on to its next submission. For an
+      ``unknown`` one this records that the operator gives up on it: whether its side effect
+      happened stays unknown (use :func:`resolve_unknown` to record what happened instead).
     * ``running``: records the abort intent; the agent's ``ctx.cancelled()`` turns True, and
       the attempt settles ``aborted`` when the agent returns or raises (if its worker dies,
       recovery settles it ``aborted`` once the lease expires).
-    * Repeating an abort of a running submission changes nothing.
+    * Repeating an abort of a running submission changes nothing (it is audited again).
+
+    Every accepted abort writes an ``AlarmAudit`` row (action ``abort``) naming ``actor`` (a
+    user, a name, or None for ``"system"``) and ``reason``, in the same commit.
 
     Raises:
-        InvalidSubmissionState: the submission is settled, or ``unknown`` (use
-            :func:`resolve_unknown`).
+        InvalidSubmissionState: the submission is settled.
         SubmissionNotFound: no such submission.
     """
+    reason = validate_reason(reason)
+    actor_name = _actor_name(actor)
     submission_id = _submission_id(submission)
     with gate.transaction(_host_of(submission_id)) as tx:
         row = _locked(submission_id)
         if row.state == SubmissionState.SETTLED:
             raise _refuse(row, "abort", "a settled submission cannot change")
-        if row.state == SubmissionState.UNKNOWN:
-            raise _refuse(row, "abort", "resolve it with resolve_unknown()")
         now = clock.now()
-        if row.state in (SubmissionState.READY, SubmissionState.SUSPENDED):
+        before = _state_of(row)
+        if row.state in _NOT_RUNNING:
             fields = transitions.settled(SubmissionOutcome.ABORTED, now)
             _write(row, {**fields, "abort_requested_at": row.abort_requested_at or now})
             tx.record_progress([NATIVE])
         elif row.abort_requested_at is None:
             _write(row, {"abort_requested_at": now, "updated_at": now})
             tx.record_progress([NATIVE])
+        _audit(row, action="abort", actor=actor_name, reason=reason, before=before, now=now)
     return _status(row)
 
 
-def approve(submission: SubmissionRef, *, approved: bool = True) -> SubmissionStatus:
+def approve(
+    submission: SubmissionRef, *, approved: bool = True, actor: Any = None, reason: str = ""
+) -> SubmissionStatus:
     """Answer a ``suspended`` submission's approval request.
 
     Approved: it becomes ``ready`` and its agent runs again from the start, with
@@ -419,18 +475,24 @@ def approve(submission: SubmissionRef, *, approved: bool = True) -> SubmissionSt
     (and for every reason approved before).
     Rejected: it settles ``failed`` with ``error={"reason": "rejected", ...}``.
 
+    Writes an ``AlarmAudit`` row (action ``approve`` or ``reject``) naming ``actor`` and
+    ``reason``, in the same commit.
+
     Raises:
         InvalidSubmissionState: the submission is not ``suspended``.
         SubmissionNotFound: no such submission.
     """
     if not isinstance(approved, bool):
         raise InvalidInput(f"approved must be True or False, not {approved!r}", approved=approved)
+    reason = validate_reason(reason)
+    actor_name = _actor_name(actor)
     submission_id = _submission_id(submission)
     with gate.transaction(_host_of(submission_id)) as tx:
         row = _locked(submission_id)
         if row.state != SubmissionState.SUSPENDED:
             raise _refuse(row, "approve", "only a suspended submission waits for approval")
         now = clock.now()
+        before = _state_of(row)
         if approved:
             approvals = [*row.approvals, row.approval_reason]
             _write(row, {**transitions.ready(now), "approved_at": now, "approvals": approvals})
@@ -438,10 +500,14 @@ def approve(submission: SubmissionRef, *, approved: bool = True) -> SubmissionSt
             error = {"reason": "rejected", "approval_reason": row.approval_reason}
             _write(row, transitions.settled(SubmissionOutcome.FAILED, now, error=error))
         tx.record_progress([NATIVE])
+        action = "approve" if approved else "reject"
+        _audit(row, action=action, actor=actor_name, reason=reason, before=before, now=now)
     return _status(row)
 
 
-def resolve_unknown(submission: SubmissionRef, *, outcome: Resolution) -> SubmissionStatus:
+def resolve_unknown(
+    submission: SubmissionRef, *, outcome: Resolution, actor: Any = None, reason: str = ""
+) -> SubmissionStatus:
     """Resolve an ``unknown`` submission once an operator knows what its side effect did.
 
     Args:
@@ -450,6 +516,9 @@ def resolve_unknown(submission: SubmissionRef, *, outcome: Resolution) -> Submis
             ``"failed"`` (it did not, and should not be retried: settle failed with
             ``error={"reason": "resolved_failed"}``) or ``"retry"`` (it did not: run the
             agent again; the submission becomes ``ready``).
+        actor: who resolves (a user, a name; None is ``"system"``), kept in the
+            ``AlarmAudit`` row (action ``resolve-unknown``) written in the same commit.
+        reason: why; kept in that row.
 
     Raises:
         InvalidSubmissionState: the submission is not ``unknown``.
@@ -460,12 +529,15 @@ def resolve_unknown(submission: SubmissionRef, *, outcome: Resolution) -> Submis
         raise InvalidInput(
             f"outcome must be one of {', '.join(RESOLUTIONS)}, not {outcome!r}", outcome=outcome
         )
+    reason = validate_reason(reason)
+    actor_name = _actor_name(actor)
     submission_id = _submission_id(submission)
     with gate.transaction(_host_of(submission_id)) as tx:
         row = _locked(submission_id)
         if row.state != SubmissionState.UNKNOWN:
             raise _refuse(row, "resolve", "only an unknown submission needs a resolution")
         now = clock.now()
+        before = _state_of(row)
         if outcome == "retry":
             _write(row, transitions.ready(now))
         elif outcome == "completed":
@@ -474,4 +546,13 @@ def resolve_unknown(submission: SubmissionRef, *, outcome: Resolution) -> Submis
             error = {"reason": "resolved_failed"}
             _write(row, transitions.settled(SubmissionOutcome.FAILED, now, error=error))
         tx.record_progress([NATIVE])
+        _audit(
+            row,
+            action="resolve-unknown",
+            actor=actor_name,
+            reason=reason,
+            before=before,
+            now=now,
+            outcome=outcome,
+        )
     return _status(row)

@@ -9,10 +9,11 @@
       │ no side effect │
       └────────────────┴─lease expired after a side effect──► unknown ──resolve_unknown──►
                                                               settled | ready (retry)
+                                                              (abort: settled / aborted)
 
-``abort()`` settles a ``ready`` or ``suspended`` submission ``aborted`` at once; a ``running``
-one gets an abort intent, sees ``ctx.cancelled()`` and settles ``aborted`` when its agent
-returns (or, if its worker died, when recovery finds the expired lease). ``abort()`` never
+``abort()`` settles a ``ready``, ``suspended`` or ``unknown`` submission ``aborted`` at once;
+a ``running`` one gets an abort intent, sees ``ctx.cancelled()`` and settles ``aborted`` when
+its agent returns (or, if its worker died, when recovery finds the expired lease). ``abort()`` never
 leaves a ``ready`` row with an intent, but recovery still settles one it finds (the protocol's
 ``SettleAborted`` path), so no producer can make such a row run.
 """

@@ -1,11 +1,13 @@
 """Who is asking: an API token (``Authorization: Bearer <secret>``) or a staff session.
 
 Both schemes yield a :class:`Principal`. A token's scope decides: ``read`` calls every GET,
-``repair`` every endpoint. A staff user needs, on each endpoint, the Django model permission
-the admin asks for the same data (Note [Session permissions]). Every POST is a repair and
-needs the token's ``repair`` scope, or a staff user with the ``durable_agent.repair_host``
-permission (:func:`require_repair`). A session request with an unsafe method must pass
-Django's CSRF check; a token request carries no ambient credentials and needs none.
+``submit`` every GET and the submit endpoint, ``repair`` every endpoint. A staff user needs,
+on each endpoint, the Django model permission the admin asks for the same data (Note [Session
+permissions]). Submitting needs the ``submit`` or ``repair`` scope (:func:`require_submit`);
+every other POST is a repair and needs the token's ``repair`` scope; a staff user needs the
+``durable_agent.repair_host`` permission for both (:func:`require_repair`). A session
+request with an unsafe method must pass Django's CSRF check; a token request carries no
+ambient credentials and needs none.
 
 The token scheme is tried first: a request that sends ``Authorization: Bearer`` is judged by
 its token alone (a bad token is a 401, never a fallback to the session). Refused tokens are
@@ -62,6 +64,7 @@ SESSION_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "list_host_audit": _viewers("alarmaudit", "host"),
     "health": _HOSTS,
     "get_submission": _SUBMISSIONS,
+    "list_submissions": _SUBMISSIONS,
     # repairs (each needs repair_host as well): the list the admin action runs from
     "rearm_host": _HOSTS,
     "run_pass": _HOSTS,
@@ -93,6 +96,13 @@ class Principal:
         if self.token is not None:
             return self.token.can_repair
         return self.user is not None and bool(self.user.has_perm(REPAIR_PERMISSION))
+
+    @property
+    def can_submit(self) -> bool:
+        """A submit- or repair-scope token, or a user with the repair permission."""
+        if self.token is not None:
+            return self.token.can_submit
+        return self.can_repair
 
 
 class TokenAuth(HttpBearer):
@@ -201,6 +211,19 @@ def require_repair(request: HttpRequest) -> Principal:
             "insufficient_scope",
             "This request changes state: it needs a token with the repair scope, or a staff "
             f"user with the {REPAIR_PERMISSION} permission",
+        )
+    return caller
+
+
+def require_submit(request: HttpRequest) -> Principal:
+    """The principal, if it may submit work; else a 403 ``insufficient_scope``."""
+    caller = principal(request)
+    if not caller.can_submit:
+        raise ApiError(
+            403,
+            "insufficient_scope",
+            "Submitting work needs a token with the submit or repair scope, or a staff user "
+            f"with the {REPAIR_PERMISSION} permission",
         )
     return caller
 

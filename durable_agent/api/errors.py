@@ -85,6 +85,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "payload_too_large": 422,
     "agent_not_registered": 422,
     "invalid_token_name": 422,
+    "invalid_cursor": 422,
     # 429: a throttle the project set on its NinjaAPI
     "throttled": 429,
     # 500: a bug or a broken deployment; details are logged, not returned

@@ -32,10 +32,9 @@ from durable_agent.api.selectors import (
     host_detail,
     host_lanes,
     host_page,
-    is_overdue,
 )
-from durable_agent.maintenance.alarm import slot_deadline
 from durable_agent.maintenance.audit import audit_all
+from durable_agent.maintenance.selectors import verdict
 from durable_agent.models import Host, MaintenanceState
 from durable_agent.runtime import get_runtime
 
@@ -43,19 +42,21 @@ router = Router(tags=["hosts"])
 
 
 def _summary(host: Any, now: Any) -> HostSummaryOut:
-    slot = slot_deadline(host.alarm)
+    seen = verdict(host, now)
     return HostSummaryOut(
         key=host.key,
         single_thread=host.single_thread,
         created_at=host.created_at,
-        alarm=slot,
-        overdue=is_overdue(slot, now),
-        dirty=host.n_dirty,
-        processed=host.n_processed,
-        nonterminal=host.n_nonterminal,
-        parked_lanes=host.n_parked_lanes,
-        faults=host.n_faults,
-        binding_retries=host.n_binding_retries,
+        alarm=host.slot_at,
+        overdue=seen.overdue,
+        failing=seen.failing,
+        failed_passes=seen.failed_passes,
+        dirty=host.gen_dirty,
+        processed=host.gen_processed,
+        nonterminal=host.gen_nonterminal,
+        parked_lanes=seen.parked_lanes,
+        faults=seen.faults,
+        binding_retries=seen.binding_waits,
     )
 
 
@@ -98,7 +99,11 @@ def _state(state: MaintenanceState | None) -> MaintenanceOut:
 def list_hosts(request: HttpRequest, query: Query[HostFilterQuery]) -> HostPageOut:
     """Hosts by key with their slot, generations and counts; each filter is optional."""
     filters = HostFilters(
-        overdue=query.overdue, parked=query.parked, faulted=query.faulted, dirty=query.dirty
+        overdue=query.overdue,
+        parked=query.parked,
+        faulted=query.faulted,
+        dirty=query.dirty,
+        failing=query.failing,
     )
     page = host_page(filters=filters, limit=query.limit, offset=query.offset)
     now = clock.now()
@@ -126,6 +131,9 @@ def get_host(request: HttpRequest, key: Path[HostKey]) -> HostDetailOut:
         created_at=host.created_at,
         alarm=detail.slot,
         overdue=detail.overdue,
+        failing=detail.verdict.failing,
+        failed_passes=detail.verdict.failed_passes,
+        last_error=detail.verdict.last_error,
         state=_state(detail.state),
         invariant=InvariantOut(
             ok=detail.invariant.ok, violations=list(detail.invariant.violations)
@@ -172,6 +180,7 @@ def list_audit(request: HttpRequest, key: Path[HostKey], query: Query[PageQuery]
     operation_id="health",
 )
 def health(request: HttpRequest) -> HealthOut:
-    """Hosts violating the invariant, overdue hosts, parked lanes (200 even when not ok)."""
+    """Hosts violating the invariant, failing hosts, overdue hosts, parked lanes (200 even when
+    not ok)."""
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
     return HealthOut.model_validate(summary.as_dict())

@@ -48,7 +48,7 @@ def _repair(
 ) -> RepairOut:
     """Scope, reason, host (401/403, then 422, then 404), then the audited ``service``."""
     caller = require_repair(request)
-    reason = _reason(request, body)
+    reason = body_reason(request, body)
     host = get_host(key)
     result = service(host=host, actor=caller.actor, reason=reason, **target)
     return RepairOut(
@@ -56,7 +56,7 @@ def _repair(
     )
 
 
-def _reason(request: HttpRequest, body: RepairIn | None) -> str:
+def body_reason(request: HttpRequest, body: RepairIn | None) -> str:
     """The reason of an optional body: absent, or a JSON object (``null`` is refused)."""
     if body is None and request.body.strip():
         raise ApiError(
@@ -102,7 +102,7 @@ def run_pass(
     fails has already re-armed the host with a backoff; the answer is 500 ``pass_failed``.
     """
     caller = require_repair(request)
-    reason = _reason(request, body)
+    reason = body_reason(request, body)
     host = get_host(key)
     try:
         report: PassReport = repairs.pass_now(host=host, actor=caller.actor, reason=reason)

@@ -129,6 +129,25 @@ class HostFilterQuery(PageQuery):
     parked: QueryBool | None = Field(None, description="Has at least one parked lane.")
     faulted: QueryBool | None = Field(None, description="Has at least one recovery fault.")
     dirty: QueryBool | None = Field(None, description="Has an unacknowledged generation.")
+    failing: QueryBool | None = Field(
+        None, description="Its last FAILING_AFTER_PASSES passes failed (busy ones not counted)."
+    )
+
+
+class SubmissionFilterQuery(Schema):
+    host: HostKey | None = Field(None, description="Only this host's submissions.")
+    thread: ThreadKey | None = Field(None, description="Only threads with this key.")
+    state: SubmissionStateName | None = Field(None, description="Only submissions in this state.")
+    agent: str | None = Field(
+        None, min_length=1, max_length=200, pattern=NO_NUL, description="Only this agent."
+    )
+    limit: int = Field(50, ge=1, le=MAX_PAGE_SIZE)
+    cursor: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The previous page's `next`: the page after it (keyset pagination).",
+    )
 
 
 # -- hosts --------------------------------------------------------------------------------
@@ -140,6 +159,8 @@ class HostSummaryOut(Schema):
     created_at: datetime
     alarm: datetime | None = Field(description="The slot's time; null when disarmed.")
     overdue: bool
+    failing: bool = Field(description="Its last FAILING_AFTER_PASSES passes failed.")
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
     dirty: int
     processed: int
     nonterminal: int
@@ -225,6 +246,9 @@ class HostDetailOut(Schema):
     created_at: datetime
     alarm: datetime | None
     overdue: bool
+    failing: bool = Field(description="Its last FAILING_AFTER_PASSES passes failed.")
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
+    last_error: str = Field(description="The error of the latest failed pass ('' if none).")
     state: MaintenanceOut
     invariant: InvariantOut
     lanes: list[LaneOut]
@@ -268,12 +292,24 @@ class HostAuditOut(Schema):
     expired_tickets: int
     stale_lease: bool
     stale_binding_retries: int
+    failing: bool = Field(description="The last FAILING_AFTER_PASSES passes failed.")
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
+    last_error: str = Field(description="The error of the latest failed pass ('' if none).")
+
+
+class FailingHostOut(Schema):
+    host: str
+    failed_passes: int = Field(description="Failed passes since the last successful one.")
+    error: str = Field(description="The error of the latest failed pass.")
 
 
 class HealthOut(Schema):
-    ok: bool = Field(description="No host violates the alarm invariant.")
+    ok: bool = Field(description="No host violates the alarm invariant and none is failing.")
     hosts: int
     violating: list[HostAuditOut]
+    failing: list[FailingHostOut] = Field(
+        description="Hosts whose last FAILING_AFTER_PASSES passes failed (busy ones not counted)."
+    )
     overdue: list[str]
     parked: dict[str, list[str]]
     expired_tickets: int
@@ -363,6 +399,32 @@ class SubmissionOut(Schema):
     settled_at: datetime | None
 
 
+class SubmissionSummaryOut(Schema):
+    id: int
+    host: str
+    thread: str
+    sequence: int
+    agent: str
+    agent_version: str
+    idempotency_key: str
+    state: SubmissionStateName
+    outcome: OutcomeName | None
+    attempts: int
+    abort_requested_at: datetime | None
+    approval_reason: str | None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None
+
+
+class SubmissionPageOut(Schema):
+    items: list[SubmissionSummaryOut] = Field(description="Newest first (by id, descending).")
+    limit: int
+    next: str | None = Field(
+        description="Pass it as `cursor` for the next page; null on the last page."
+    )
+
+
 class SubmissionStatusOut(Schema):
     submission_id: int
     thread: str
@@ -374,7 +436,9 @@ class SubmissionStatusOut(Schema):
 
 class ApproveIn(ObjectIn):
     approved: StrictBool = Field(True, description="False rejects: the submission settles failed.")
+    reason: Reason = Field("", description="Why; kept in the audit row.")
 
 
 class ResolveIn(ObjectIn):
     outcome: Literal["completed", "failed", "retry"]
+    reason: Reason = Field("", description="Why; kept in the audit row.")

@@ -6,19 +6,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import F, Q, QuerySet
 
 from durable_agent import clock
 from durable_agent.errors import HostNotFound
-from durable_agent.maintenance.alarm import slot_deadline
-from durable_agent.maintenance.audit import OVERDUE_AFTER, HostAudit, audit_host
+from durable_agent.maintenance import selectors
+from durable_agent.maintenance.audit import HostAudit, audit_host
+from durable_agent.maintenance.selectors import Verdict, is_overdue, verdict
 from durable_agent.models import (
     AlarmAudit,
     BindingRetry,
     DueLane,
     Host,
-    LaneState,
     MaintenanceState,
     PassRecord,
     RecoveryFault,
@@ -36,6 +35,7 @@ class HostFilters:
     parked: bool | None = None
     faulted: bool | None = None
     dirty: bool | None = None
+    failing: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -46,33 +46,9 @@ class Page:
     items: list[Any]
 
 
-def _count(model: Any, **extra: Any) -> Coalesce:
-    rows = (
-        model.objects.filter(host=OuterRef("pk"), **extra)
-        .order_by()
-        .values("host")
-        .annotate(n=Count("pk"))
-        .values("n")
-    )
-    return Coalesce(Subquery(rows, output_field=IntegerField()), Value(0))
-
-
 def _annotated_hosts() -> QuerySet[Host]:
-    """Hosts with ``n_*`` annotations: generations (a missing state row reads 1/0) and counts."""
-    return Host.objects.select_related("alarm").annotate(
-        n_dirty=Coalesce(F("maintenance__dirty"), Value(1)),
-        n_processed=Coalesce(F("maintenance__processed"), Value(0)),
-        n_nonterminal=Coalesce(F("maintenance__nonterminal"), Value(0)),
-        n_parked_lanes=_count(DueLane, state=LaneState.PARKED),
-        n_faults=_count(RecoveryFault),
-        n_binding_retries=_count(BindingRetry),
-    )
-
-
-def _overdue_q(now: datetime) -> Q:
-    return (
-        Q(alarm__isnull=False) & ~Q(alarm__repeats=0) & Q(alarm__next_run__lt=now - OVERDUE_AFTER)
-    )
+    """Hosts with the shared read model's annotations (see ``maintenance/selectors.py``)."""
+    return selectors.annotate_hosts(Host.objects.select_related("alarm"))
 
 
 def _choose(queryset: QuerySet[Host], condition: Q, wanted: bool | None) -> QuerySet[Host]:
@@ -81,25 +57,15 @@ def _choose(queryset: QuerySet[Host], condition: Q, wanted: bool | None) -> Quer
     return queryset.filter(condition) if wanted else queryset.exclude(condition)
 
 
-def is_overdue(slot: datetime | None, now: datetime) -> bool:
-    """An armed slot more than a minute in the past: the scheduler is not firing it."""
-    return slot is not None and slot < now - OVERDUE_AFTER
-
-
 def host_page(*, filters: HostFilters, limit: int, offset: int) -> Page:
     """Hosts by key, with their generations and counts, filtered and paginated."""
     now = clock.now()
     hosts = _annotated_hosts()
-    hosts = _choose(hosts, _overdue_q(now), filters.overdue)
-    hosts = _choose(
-        hosts,
-        Q(Exists(DueLane.objects.filter(host=OuterRef("pk"), state=LaneState.PARKED))),
-        filters.parked,
-    )
-    hosts = _choose(
-        hosts, Q(Exists(RecoveryFault.objects.filter(host=OuterRef("pk")))), filters.faulted
-    )
-    hosts = _choose(hosts, Q(n_dirty__gt=F("n_processed")), filters.dirty)
+    hosts = _choose(hosts, selectors.overdue(now), filters.overdue)
+    hosts = _choose(hosts, Q(selectors.parked()), filters.parked)
+    hosts = _choose(hosts, Q(selectors.faulted()), filters.faulted)
+    hosts = _choose(hosts, Q(gen_dirty__gt=F("gen_processed")), filters.dirty)
+    hosts = _choose(hosts, selectors.failing(), filters.failing)
     hosts = hosts.order_by("key")
     return Page(
         count=hosts.count(), limit=limit, offset=offset, items=list(hosts[offset : offset + limit])
@@ -119,6 +85,7 @@ class HostDetail:
     host: Host
     slot: datetime | None
     overdue: bool
+    verdict: Verdict
     state: MaintenanceState | None
     lanes: list[DueLane]
     binding_retries: list[BindingRetry]
@@ -130,7 +97,9 @@ class HostDetail:
 def host_detail(key: str) -> HostDetail:
     """Everything the host page shows: state, slot, lanes, retries, faults, recent passes."""
     now = clock.now()
-    host = get_host(key)
+    host = _annotated_hosts().filter(key=key).first()
+    if host is None:
+        raise HostNotFound(f"No host with key {key!r}", host=key)
     state = MaintenanceState.objects.filter(host=host).first()
     lanes = list(DueLane.objects.filter(host=host).order_by("lane"))
     invariant = audit_host(
@@ -139,12 +108,15 @@ def host_detail(key: str) -> HostDetail:
         state=state,
         lanes=lanes,
         registry_key=get_runtime().binding_registry_key(),
+        failed_passes=host.failed_passes,  # type: ignore[attr-defined]
+        last_error=host.last_error or "",  # type: ignore[attr-defined]
     )
-    slot = slot_deadline(host.alarm)
+    slot = host.slot_at  # type: ignore[attr-defined]
     return HostDetail(
         host=host,
         slot=slot,
         overdue=is_overdue(slot, now),
+        verdict=verdict(host, now),
         state=state,
         lanes=lanes,
         binding_retries=list(BindingRetry.objects.filter(host=host).order_by("pk")),

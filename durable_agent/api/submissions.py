@@ -8,31 +8,39 @@ already used on the thread with the same agent and payload. Abort, approve and r
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated
 
 from django.http import HttpRequest
-from ninja import Header, Path, Router, Status
+from ninja import Body, Header, Path, Query, Router, Status
 
 from durable_agent.agents import services
 from durable_agent.agents.errors import SubmissionNotFound
-from durable_agent.api.auth import require_repair
+from durable_agent.api.auth import require_repair, require_submit
 from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
+from durable_agent.api.repairs import body_reason
 from durable_agent.api.schemas import (
+    MAX_ID,
     ApproveIn,
     HostKey,
     IdempotencyKey,
     ReceiptOut,
+    RepairIn,
     ResolveIn,
     RowId,
+    SubmissionFilterQuery,
     SubmissionOut,
+    SubmissionPageOut,
     SubmissionStatusOut,
+    SubmissionSummaryOut,
     SubmitIn,
     ThreadKey,
 )
 from durable_agent.api.selectors import get_host
 from durable_agent.models import Submission
+from durable_agent.text import validate_reason
 
 router = Router(tags=["submissions"])
 IdempotencyHeader = Annotated[IdempotencyKey | None, Header(None, alias="Idempotency-Key")]
@@ -68,7 +76,7 @@ def submit(
     different agent or payload is 409 ``idempotency_conflict``. A key in both the body and
     the header must match (400 ``idempotency_key_mismatch``).
     """
-    require_repair(request)
+    require_submit(request)
     key_in_body = body.idempotency_key
     if key_in_body is not None and idempotency_key is not None and key_in_body != idempotency_key:
         raise ApiError(
@@ -95,6 +103,91 @@ def submit(
         state=receipt.state,  # type: ignore[arg-type]
     )
     return Status(201 if receipt.created else 200, out)
+
+
+CURSOR_PREFIX = "s1."
+
+
+def encode_cursor(last_id: int) -> str:
+    """The opaque ``next`` token after the row ``last_id`` (Note [Submission pages])."""
+    return CURSOR_PREFIX + base64.urlsafe_b64encode(str(last_id).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    """The id a ``cursor`` continues below; 422 ``invalid_cursor`` when it is not one."""
+    if cursor.startswith(CURSOR_PREFIX):
+        body = cursor[len(CURSOR_PREFIX) :]
+        try:
+            text = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("ascii")
+        except (ValueError, UnicodeDecodeError):
+            text = ""
+        if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_ID:
+            return int(text)
+    raise ApiError(
+        422,
+        "invalid_cursor",
+        "The cursor is not a `next` token of this endpoint",
+        detail={"cursor": cursor},
+    )
+
+
+@router.get(
+    "submissions",
+    response={200: SubmissionPageOut, **errors(401, 403, 404, 422)},
+    summary="List submissions",
+    operation_id="list_submissions",
+)
+def list_submissions(
+    request: HttpRequest, query: Query[SubmissionFilterQuery]
+) -> SubmissionPageOut:
+    """Submissions newest first, each filter optional; follow ``next`` for the next page.
+
+    Note [Submission pages]
+        Keyset pagination on the id, descending: a page is the ``limit`` rows below the
+        cursor's id. Rows submitted while a client pages appear above its first page, so no
+        row is skipped or repeated; a row that changes state may leave a filtered listing.
+        ``next`` is opaque (it encodes the last id) and null on the last page. An unknown
+        ``host`` is 404 ``host_not_found``.
+    """
+    rows = Submission.objects.select_related("host", "thread").order_by("-id")
+    if query.host is not None:
+        rows = rows.filter(host=get_host(query.host))
+    if query.thread is not None:
+        rows = rows.filter(thread__key=query.thread)
+    if query.state is not None:
+        rows = rows.filter(state=query.state)
+    if query.agent is not None:
+        rows = rows.filter(agent=query.agent)
+    if query.cursor is not None:
+        rows = rows.filter(id__lt=decode_cursor(query.cursor))
+    page = list(rows[: query.limit + 1])
+    more = len(page) > query.limit
+    page = page[: query.limit]
+    return SubmissionPageOut(
+        items=[_summary(row) for row in page],
+        limit=query.limit,
+        next=encode_cursor(page[-1].pk) if more else None,
+    )
+
+
+def _summary(row: Submission) -> SubmissionSummaryOut:
+    return SubmissionSummaryOut(
+        id=row.pk,
+        host=row.host.key,
+        thread=row.thread.key,
+        sequence=row.sequence,
+        agent=row.agent,
+        agent_version=row.agent_version,
+        idempotency_key=row.idempotency_key,
+        state=row.state,  # type: ignore[arg-type]
+        outcome=row.outcome,  # type: ignore[arg-type]
+        attempts=row.attempts,
+        abort_requested_at=row.abort_requested_at,
+        approval_reason=row.approval_reason,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        settled_at=row.settled_at,
+    )
 
 
 @router.get(
@@ -138,11 +231,15 @@ def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> Submissi
     summary="Abort a submission",
     operation_id="abort_submission",
 )
-def abort(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionStatusOut:
-    """End a submission ``aborted``: ready or suspended ones at once; a running one when its
-    attempt sees the intent. Settled or ``unknown`` submissions are 409."""
-    require_repair(request)
-    return _status_out(services.abort(submission_id))
+def abort(
+    request: HttpRequest, submission_id: Path[RowId], body: Body[RepairIn | None] = None
+) -> SubmissionStatusOut:
+    """End a submission ``aborted``: ready, suspended or ``unknown`` ones at once; a running one
+    when its attempt sees the intent. Settled submissions are 409. Audited with the caller and
+    the optional ``reason``."""
+    caller = require_repair(request)
+    reason = body_reason(request, body)
+    return _status_out(services.abort(submission_id, actor=caller.actor, reason=reason))
 
 
 @router.post(
@@ -154,9 +251,14 @@ def abort(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionStatusO
 def approve(
     request: HttpRequest, submission_id: Path[RowId], body: ApproveIn
 ) -> SubmissionStatusOut:
-    """Approved: it runs again; rejected (``approved: false``): it settles ``failed``."""
-    require_repair(request)
-    return _status_out(services.approve(submission_id, approved=body.approved))
+    """Approved: it runs again; rejected (``approved: false``): it settles ``failed``.
+    Audited (``approve`` or ``reject``) with the caller and the optional ``reason``."""
+    caller = require_repair(request)
+    reason = validate_reason(body.reason)
+    status = services.approve(
+        submission_id, approved=body.approved, actor=caller.actor, reason=reason
+    )
+    return _status_out(status)
 
 
 @router.post(
@@ -168,6 +270,11 @@ def approve(
 def resolve(
     request: HttpRequest, submission_id: Path[RowId], body: ResolveIn
 ) -> SubmissionStatusOut:
-    """``completed``, ``failed`` (settle) or ``retry`` (run again) an ``unknown`` submission."""
-    require_repair(request)
-    return _status_out(services.resolve_unknown(submission_id, outcome=body.outcome))
+    """``completed``, ``failed`` (settle) or ``retry`` (run again) an ``unknown`` submission.
+    Audited (``resolve-unknown``) with the caller and the optional ``reason``."""
+    caller = require_repair(request)
+    reason = validate_reason(body.reason)
+    status = services.resolve_unknown(
+        submission_id, outcome=body.outcome, actor=caller.actor, reason=reason
+    )
+    return _status_out(status)

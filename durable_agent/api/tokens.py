@@ -73,7 +73,7 @@ def _validate_scope(scope: object) -> str:
 
 
 def issue_token(*, name: str, scope: str) -> IssuedToken:
-    """Create an active token called ``name`` with ``scope`` (``read`` or ``repair``).
+    """Create an active token called ``name`` with ``scope`` (``read``, ``submit`` or ``repair``).
 
     Raises:
         InvalidTokenName, InvalidInput (an unknown scope), TokenNameTaken.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_q.models import Schedule
 
-from durable_agent import clock, conf
+from durable_agent import clock, conf, signals
 from durable_agent.errors import InvalidInput, RearmRefused
 from durable_agent.maintenance.due_queue import validate_deadline
 from durable_agent.maintenance.lane_ids import NATIVE
@@ -208,7 +208,7 @@ def rearm(
             checkpoint.cancel()
         else:
             checkpoint.at(new)
-        AlarmAudit.objects.create(
+        audit = AlarmAudit.objects.create(
             host_id=state.host_id,
             actor=actor_name,
             action="rearm",
@@ -221,6 +221,17 @@ def rearm(
                 "computed": computed.isoformat() if computed else None,
             },
             at=now,
+        )
+        signals.send_on_commit(
+            signals.alarm_rearmed,
+            sender=Host,
+            host=state.host,
+            old_deadline=old,
+            new_deadline=new,
+            audit=audit,
+        )
+        signals.send_on_commit(
+            signals.repair_performed, sender=AlarmAudit, host=state.host, audit=audit
         )
         return new
 

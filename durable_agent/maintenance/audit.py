@@ -4,21 +4,38 @@ The invariant: a dirty generation (``dirty > processed``) or any lane with a dea
 armed slot no later than ``max(earliest lane deadline, now) + minimum delay`` (while a pass
 holds a live lease, no later than the lease's expiry instead). Stable waits (acknowledged work
 with no lane deadline) need no alarm. The audit also reports overdue slots (the scheduler is
-not firing), parked lanes, expired mutation tickets, stale pass leases, and binding retries
-recorded under a binding registry the runtime no longer has.
+not firing), failing hosts (the last ``FAILING_AFTER_PASSES`` passes failed), parked lanes,
+expired mutation tickets, stale pass leases, and binding retries recorded under a binding
+registry the runtime no longer has. The states are those of the shared read model
+(:mod:`durable_agent.maintenance.selectors`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from durable_agent import clock, conf
-from durable_agent.maintenance.alarm import slot_deadline
-from durable_agent.models import BindingRetry, DueLane, Host, MaintenanceState, MutationTicket
+from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
 
-OVERDUE_AFTER = timedelta(seconds=60)
+from durable_agent import clock, conf
+from durable_agent.maintenance import selectors
+from durable_agent.maintenance.alarm import slot_deadline
+from durable_agent.maintenance.selectors import OVERDUE_AFTER
+from durable_agent.models import (
+    BindingRetry,
+    DueLane,
+    Host,
+    MaintenanceState,
+    MutationTicket,
+    PassPhase,
+    PassRecord,
+)
+
+__all__ = ["OVERDUE_AFTER", "AuditSummary", "HostAudit", "audit_all", "audit_host", "repair_host"]
+
+#: Hosts that may be unhealthy read per page by :func:`audit_all` (three queries per page).
+PAGE_SIZE = 500
 
 
 @dataclass(frozen=True)
@@ -36,10 +53,18 @@ class HostAudit:
     expired_tickets: int = 0
     stale_lease: bool = False
     stale_binding_retries: int = 0
+    failing: bool = False
+    failed_passes: int = 0
+    last_error: str = ""
 
     @property
     def ok(self) -> bool:
+        """The alarm invariant holds (a failing host may still hold it)."""
         return not self.violations
+
+    @property
+    def healthy(self) -> bool:
+        return self.ok and not self.failing
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -57,16 +82,22 @@ class AuditSummary:
     parked: dict[str, tuple[str, ...]] = field(default_factory=dict)
     expired_tickets: int = 0
     stale_leases: tuple[str, ...] = ()
+    failing: tuple[HostAudit, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return not self.violating
+        """No host violates the invariant and none is failing."""
+        return not self.violating and not self.failing
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "hosts": self.hosts,
             "violating": [h.as_dict() for h in self.violating],
+            "failing": [
+                {"host": h.host, "failed_passes": h.failed_passes, "error": h.last_error}
+                for h in self.failing
+            ],
             "overdue": list(self.overdue),
             "parked": {k: list(v) for k, v in self.parked.items()},
             "expired_tickets": self.expired_tickets,
@@ -81,8 +112,12 @@ def audit_host(
     state: MaintenanceState | None = None,
     lanes: list[DueLane] | None = None,
     registry_key: str | None = None,
+    stale_bindings: int | None = None,
+    expired: int | None = None,
+    failed_passes: int | None = None,
+    last_error: str | None = None,
 ) -> HostAudit:
-    """Audit one host (read-only)."""
+    """Audit one host (read-only). Figures not passed in are read with one query each."""
     now = now or clock.now()
     if state is None:
         state = MaintenanceState.objects.filter(host_id=host.pk).first()
@@ -109,16 +144,27 @@ def audit_host(
             violations.append(
                 f"alarm at {slot.isoformat()} is later than the work due by {required.isoformat()}"
             )
-    stale_bindings = 0
-    if registry_key is not None:
-        stale_bindings = (
-            BindingRetry.objects.filter(host_id=host.pk).exclude(registry_key=registry_key).count()
-        )
-        if stale_bindings:
-            violations.append(
-                f"{stale_bindings} binding retries wait for a registry that has since changed"
+    if stale_bindings is None:
+        stale_bindings = 0
+        if registry_key is not None:
+            stale_bindings = (
+                BindingRetry.objects.filter(host_id=host.pk)
+                .exclude(registry_key=registry_key)
+                .count()
             )
-    expired = MutationTicket.objects.filter(host_id=host.pk, expires_at__lte=now).count()
+    if stale_bindings:
+        violations.append(
+            f"{stale_bindings} binding retries wait for a registry that has since changed"
+        )
+    if expired is None:
+        expired = MutationTicket.objects.filter(host_id=host.pk, expires_at__lte=now).count()
+    if failed_passes is None or last_error is None:
+        streak = Host.objects.filter(pk=host.pk).annotate(
+            n=selectors.failure_streak(),
+            error=selectors.last_pass_error(),
+        )
+        failed_passes, last_error = streak.values_list("n", "error").get()
+    threshold = selectors.failing_after()
     return HostAudit(
         host=host.key,
         dirty=dirty,
@@ -126,7 +172,7 @@ def audit_host(
         slot=slot,
         earliest_due=earliest,
         violations=tuple(violations),
-        overdue=slot is not None and slot < now - OVERDUE_AFTER,
+        overdue=selectors.is_overdue(slot, now),
         parked_lanes=tuple(sorted(lane.lane for lane in lanes if lane.state == "parked")),
         expired_tickets=expired,
         stale_lease=bool(
@@ -136,30 +182,111 @@ def audit_host(
             and state.pass_lease_expires_at <= now
         ),
         stale_binding_retries=stale_bindings,
+        failing=failed_passes >= threshold,
+        failed_passes=failed_passes,
+        last_error=(last_error or "") if failed_passes else "",
     )
 
 
+def _may_be_unhealthy(now: datetime, registry_key: str | None) -> Q:
+    """Hosts that can show up in the audit, for hosts annotated with ``earliest_due_at`` and
+    ``last_phase`` (a superset: :func:`audit_host` decides). Every other host is healthy and
+    is only counted, which keeps a large, mostly healthy fleet cheap to audit.
+
+    A violation needs owed work and a slot that is disarmed, or later than both ``now`` and
+    the earliest deadline plus the minimum delay (the required time is at least both); a
+    failing host's latest pass that is not ``busy`` failed.
+    """
+    delay = conf.minimum_alarm_delay()
+    owes = Q(maintenance__isnull=False) & (
+        Q(maintenance__dirty__gt=F("maintenance__processed")) | Q(earliest_due_at__isnull=False)
+    )
+    late = ~selectors.armed() | (
+        Q(alarm__next_run__gt=now + delay)
+        & (Q(earliest_due_at__isnull=True) | Q(alarm__next_run__gt=F("earliest_due_at") + delay))
+    )
+    stale_lease = (
+        Q(maintenance__pass_lease_owner__isnull=False)
+        & ~Q(maintenance__pass_lease_owner="")
+        & Q(maintenance__pass_lease_expires_at__lte=now)
+    )
+    maybe = (
+        (owes & late)
+        | selectors.overdue(now)
+        | Q(selectors.parked())
+        | Q(Exists(MutationTicket.objects.filter(host=OuterRef("pk"), expires_at__lte=now)))
+        | stale_lease
+        | Q(last_phase=PassPhase.FAILED)
+    )
+    if registry_key is not None:
+        stale = BindingRetry.objects.filter(host=OuterRef("pk")).exclude(registry_key=registry_key)
+        maybe |= Q(Exists(stale))
+    return maybe
+
+
 def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -> AuditSummary:
-    """Audit every host (a few queries per 500 hosts)."""
+    """Audit every host: one count, then three queries per page of :data:`PAGE_SIZE` hosts
+    that may be unhealthy (hosts with their per-host counts, their state rows, their lanes),
+    whatever the number of hosts. Healthy hosts are counted, not read."""
     now = now or clock.now()
-    hosts = list(Host.objects.select_related("alarm").order_by("pk"))
-    states = {s.host_id: s for s in MaintenanceState.objects.all()}
-    lanes: dict[int, list[DueLane]] = {}
-    for lane in DueLane.objects.all():
-        lanes.setdefault(lane.host_id, []).append(lane)
-    results = [
-        audit_host(
-            h, now=now, state=states.get(h.pk), lanes=lanes.get(h.pk, []), registry_key=registry_key
+    stale = (
+        selectors.count_per_host(BindingRetry.objects.exclude(registry_key=registry_key))
+        if registry_key is not None
+        else Value(0)
+    )
+    deadlines = DueLane.objects.filter(host=OuterRef("pk"), due_at__isnull=False)
+    not_busy = PassRecord.objects.filter(host=OuterRef("pk")).exclude(phase=PassPhase.BUSY)
+    annotated = (
+        Host.objects.select_related("alarm")
+        .annotate(
+            earliest_due_at=Subquery(deadlines.order_by("due_at").values("due_at")[:1]),
+            last_phase=Subquery(not_busy.order_by("-started_at", "-id").values("phase")[:1]),
         )
-        for h in hosts
-    ]
+        .filter(_may_be_unhealthy(now, registry_key))
+        .annotate(
+            n_stale=stale,
+            n_expired=selectors.count_per_host(MutationTicket.objects.filter(expires_at__lte=now)),
+            n_failed=selectors.failure_streak(),
+            error=selectors.last_pass_error(),
+        )
+    )
+    hosts = Host.objects.count()
+    results: list[HostAudit] = []
+    after = 0
+    while True:
+        page = list(annotated.filter(pk__gt=after).order_by("pk")[:PAGE_SIZE])
+        if not page:
+            break
+        ids = [h.pk for h in page]
+        states = {s.host_id: s for s in MaintenanceState.objects.filter(host_id__in=ids).order_by()}
+        lanes: dict[int, list[DueLane]] = {}
+        for lane in DueLane.objects.filter(host_id__in=ids).order_by():
+            lanes.setdefault(lane.host_id, []).append(lane)
+        results += [
+            audit_host(
+                h,
+                now=now,
+                state=states.get(h.pk),
+                lanes=lanes.get(h.pk, []),
+                registry_key=registry_key,
+                stale_bindings=h.n_stale,  # type: ignore[attr-defined]
+                expired=h.n_expired,  # type: ignore[attr-defined]
+                failed_passes=h.n_failed,  # type: ignore[attr-defined]
+                last_error=h.error or "",  # type: ignore[attr-defined]
+            )
+            for h in page
+        ]
+        if len(page) < PAGE_SIZE:
+            break
+        after = page[-1].pk
     return AuditSummary(
-        hosts=len(results),
+        hosts=hosts,
         violating=tuple(r for r in results if not r.ok),
         overdue=tuple(r.host for r in results if r.overdue),
         parked={r.host: r.parked_lanes for r in results if r.parked_lanes},
         expired_tickets=sum(r.expired_tickets for r in results),
         stale_leases=tuple(r.host for r in results if r.stale_lease),
+        failing=tuple(r for r in results if r.failing),
     )
 
 

@@ -32,7 +32,7 @@ from typing import TypeVar
 from django.db import DatabaseError
 from django.db import transaction as db_transaction
 
-from durable_agent import clock, conf
+from durable_agent import clock, conf, observability
 from durable_agent.errors import AlarmError, GateMisuse, InvalidInput
 from durable_agent.maintenance import failpoints, registry
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry
@@ -222,8 +222,16 @@ def transaction(host: HostRef) -> Iterator[SourceTransaction]:
 
     The yielded handle buffers lane intent; the outermost frame replays it in one alarm
     transaction just before its ``COMMIT``, so facts, generation, lanes and alarm commit
-    together. One commit in all.
+    together. One commit in all. Traced as a ``durable_agent.gate.transaction`` span
+    (docs/operations.md).
     """
+    with observability.span("durable_agent.gate.transaction") as current, _transaction(host) as tx:
+        current.set_attribute("durable_agent.host_id", tx.host_id)
+        yield tx
+
+
+@contextmanager
+def _transaction(host: HostRef) -> Iterator[SourceTransaction]:
     host_id = resolve_host_id(host)
     frames = _frames()
     parent = frames[-1] if frames else None

@@ -14,21 +14,30 @@ Note [Stable waits are not swept]
     So the old-work backlog holds the heads and the discovered work owners that are not
     eligible, minus every thread whose head waits.
 
-Note [Strict FIFO behind uncertainty]
-    Upstream lets later input on a thread proceed past a head whose outcome is unknown once
-    recovery has reported it. Our reference runtime is strictly FIFO: an ``unknown`` head
-    blocks its thread until an operator resolves it. So the head of a thread is always its
-    first nonterminal submission, and an ``unknown`` head that waits makes its whole thread
-    dormant (see the next Note).
+Note [An unknown head does not hold up its thread]
+    As upstream: an ``unknown`` submission that recovery reported as a stable wait is skipped
+    when the pass picks each thread's head, so the submission behind it becomes the head and
+    runs. Recovery reports it in the pass's first sweep of the thread (old-work recovery), so
+    the pass selects a second time after that sweep when nothing was dispatched yet (Note
+    [Select again after recovery]). A ``WorkItem`` with ``holds_thread`` (an agent registered
+    with ``strict_order=True``) is not skipped: its thread waits with it (next Note).
 
 Note [Followers behind a stable wait]
     A ``ready`` submission queued behind a head that waits on an external mutation (approval,
-    unknown resolution, a parked binding) cannot run before its head: it is dormant too, so a
-    suspended thread keeps no alarm however much input is queued behind it.
+    a held unknown resolution, a parked binding) cannot run before its head: it is dormant
+    too, so a suspended thread keeps no alarm however much input is queued behind it.
+
+Note [Select again after recovery]
+    Upstream's scheduling loop advances again once old-work recovery finished, dispatching
+    when no attempt has settled yet: the recovery reports can release a thread (an unknown
+    head becomes a stable wait, an expired lease becomes ``ready``). The port keeps that one
+    refill: when the first selection dispatched nothing and the backlog was swept, the pass
+    observes and selects once more before its checkpoint.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -41,6 +50,7 @@ from durable_agent.maintenance import backoff, failpoints, gate
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry
 from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.recovery import (
+    READ_ABORT_INTENT,
     NativeRecovery,
     blocked_failure,
     load_recovery_faults,
@@ -48,8 +58,9 @@ from durable_agent.maintenance.recovery import (
     recover_thread,
 )
 from durable_agent.maintenance.transactions import run_alarm_transaction
-from durable_agent.maintenance.waves import Executor
+from durable_agent.maintenance.waves import Executor, bounded_call
 from durable_agent.models import BindingRetry, Host, MaintenanceState, MutationTicket
+from durable_agent.observability import log_extra
 from durable_agent.runtime import RecoverySweep, Runtime, WorkItem, stable_external_wait
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -113,6 +124,15 @@ class NativeStep:
             return NativeResult("caught-up", self.started.nonterminal, None)
         view = self._observe()
         selected, backlog = self._select(view)
+        self._dispatch(view, selected, backlog)
+        if backlog and not selected and clock.now() < self.yield_after:
+            view = self._observe()  # Note [Select again after recovery]
+            selected, _ = self._select(view)
+            self._dispatch(view, selected, [])
+        return self._checkpoint()
+
+    def _dispatch(self, view: _View, selected: list[str], backlog: list[str]) -> None:
+        """Attempt the selected heads while the backlog is recovered; join them all."""
         futures: list[Future[int]] = []
         if clock.now() < self.yield_after:
             futures = [self._submit_attempt(view.heads[t], view.waits) for t in selected]
@@ -132,7 +152,6 @@ class NativeStep:
             self.progressed |= value > 0
         if failure is not None:
             raise failure
-        return self._checkpoint()
 
     def _submit_attempt(self, head: WorkItem, waits: list[BindingRetry]) -> Future[int]:
         return self.executor.submit(lambda: self._attempt(head, waits))
@@ -169,7 +188,9 @@ class NativeStep:
             )
 
         heads: dict[str, WorkItem] = {}
-        for item in current:  # Note [Strict FIFO behind uncertainty]
+        for item in current:  # Note [An unknown head does not hold up its thread]
+            if skipped(item, waiting):
+                continue
             heads.setdefault(item.thread, item)
         stopping = self._stopping(heads, current)
         eligible = sorted(
@@ -206,12 +227,14 @@ class NativeStep:
                 or head.thread in self.recovery.faults
             ):
                 continue
-            try:
-                with gate.native_source():
-                    intent = self.runtime.read_abort_intent(self.host, head.submission)
+            try:  # Note [A hung runtime call is abandoned]
+                intent = bounded_call(
+                    READ_ABORT_INTENT,
+                    functools.partial(self.runtime.read_abort_intent, self.host, head.submission),
+                )
             except Exception as exc:
                 sweep = RecoverySweep(
-                    blocked=(blocked_failure(head.thread, exc, "read abort intent"),)
+                    blocked=(blocked_failure(head.thread, exc, READ_ABORT_INTENT),)
                 )
                 faults = record_recovery_faults(
                     self.host, self.runtime, sweep, self.recovery, current=current
@@ -297,12 +320,13 @@ class NativeStep:
             logger.error(
                 "Thread parked until its agent binding registry changes; "
                 "original work remains pending",
-                extra={
-                    "host": self.host.key,
-                    "work_thread": head.thread,
-                    "submission_id": head.submission,
-                    "error": str(binding_failure),
-                },
+                extra=log_extra(
+                    self.host,
+                    thread_key=head.thread,
+                    submission_id=head.submission,
+                    error=str(binding_failure),
+                    action="binding_wait",
+                ),
             )
         if binding_failure is not None or previous is not None:
             self._record_binding_wait(head, previous, binding_failure is not None)
@@ -343,6 +367,8 @@ class NativeStep:
         first_seen: dict[str, bool] = {}
 
         def is_autonomous(item: WorkItem) -> bool:
+            if skipped(item, view.waiting):
+                return False  # Note [An unknown head does not hold up its thread]
             waits = view.waiting(item)
             head_waiting = first_seen.get(item.thread)
             if head_waiting is None:
@@ -420,6 +446,11 @@ class NativeStep:
         next_at = run_alarm_transaction(self.host, "checkpoint maintenance generation", fn)
         failpoints.hit("maintenance:checkpoint:after")
         return NativeResult("actionable", len(remaining), next_at, self.settled)
+
+
+def skipped(item: WorkItem, waiting: Callable[[WorkItem], bool]) -> bool:
+    """An ``unknown`` row that waits and does not hold its thread is no thread's head."""
+    return item.state == "unknown" and not item.holds_thread and waiting(item)
 
 
 def _min_delay() -> timedelta:

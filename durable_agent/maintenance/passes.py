@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from durable_agent import clock, conf
-from durable_agent.errors import AlarmError
+from durable_agent import clock, conf, observability, signals
+from durable_agent.errors import AlarmError, PassFailed
 from durable_agent.maintenance import backoff, failpoints, lane_registry, lease
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry, retry_deadline
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
@@ -41,6 +42,7 @@ from durable_agent.maintenance.waves import (
 )
 from durable_agent.models import (
     BindingRetry,
+    DueLane,
     Host,
     MaintenanceState,
     MutationTicket,
@@ -50,6 +52,7 @@ from durable_agent.models import (
 from durable_agent.runtime import Runtime, get_runtime
 
 logger = logging.getLogger("durable_agent.maintenance")
+log_extra = observability.log_extra
 
 
 def _deadline_message() -> str:
@@ -147,28 +150,46 @@ def report_parked(host_id: int) -> int:
         def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> list[Lane]:
             return queue.take_parked_reports()
 
-        from durable_agent.models import DueLane
-
         if not DueLane.objects.filter(host_id=host_id, state="parked", reported=False).exists():
             return 0
         parked = run_alarm_transaction(host_id, "report parked maintenance lanes", fn)
     except Exception:
-        logger.exception("Reporting parked maintenance lanes failed", extra={"host": host_id})
+        logger.exception(
+            "Reporting parked maintenance lanes failed",
+            extra=log_extra(host_id, action="report_parked"),
+        )
         return 0
     for row in parked:
         logger.error(
             "Maintenance lane parked after %d attempts without progress; retrying after %d ms",
             backoff.MAXIMUM_NO_PROGRESS_REARMS,
             backoff.PARKED_RETRY_MS,
-            extra={"host": host_id, "lane": public_lane_name(row.lane), "lane_id": row.lane},
+            extra=log_extra(
+                host_id, lane=public_lane_name(row.lane), lane_id=row.lane, action="lane_parked"
+            ),
         )
+    _signal_parked(host_id, parked)
     return len(parked)
+
+
+def _signal_parked(host_id: int, parked: list[Lane]) -> None:
+    """``lane_parked`` for each newly parked lane (only when a receiver is connected)."""
+    if not parked or not signals.lane_parked.has_listeners(DueLane):
+        return
+    host = Host.objects.filter(pk=host_id).first()
+    for row in parked:
+        signals.send_on_commit(
+            signals.lane_parked,
+            sender=DueLane,
+            host=host,
+            lane=row.lane,
+        )
 
 
 def run_pass(
     host: Host | str | int, *, deadline: datetime | None = None, guard: bool = False
 ) -> PassReport:
-    """Run one maintenance pass of ``host`` and record it.
+    """Run one maintenance pass of ``host`` and record it, in a ``durable_agent.pass`` span.
 
     Args:
         host: the host (a Host, its key or its id).
@@ -179,6 +200,14 @@ def run_pass(
     Raises:
         Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery.
     """
+    with observability.span("durable_agent.pass") as current:
+        report = _run_pass(host, deadline=deadline, guard=guard)
+        current.set_attribute("durable_agent.host_key", report.host)
+        current.set_attribute("durable_agent.phase", report.phase)
+        return report
+
+
+def _run_pass(host: Host | str | int, *, deadline: datetime | None, guard: bool) -> PassReport:
     # An id is read by the pass's first transaction (with the lanes), not by a query before it.
     ref = host if isinstance(host, int) and not isinstance(host, bool) else _host(host)
     started_at = clock.now()
@@ -190,7 +219,11 @@ def run_pass(
     host_obj = begun.host
     taken = begun.lease
     if isinstance(taken, lease.Stale):
-        logger.debug("Stale alarm delivery: %s", taken.reason, extra={"host": host_obj.key})
+        logger.debug(
+            "Stale alarm delivery: %s",
+            taken.reason,
+            extra=log_extra(host_obj, phase="stale", action="pass"),
+        )
         return PassReport(host=host_obj.key, phase="stale", lateness_ms=lateness)
     if isinstance(taken, lease.Busy):
         report = PassReport(host=host_obj.key, phase=PassPhase.BUSY.value, lateness_ms=lateness)
@@ -211,7 +244,8 @@ def run_pass(
                     rearm_failure(host_obj, observed)
                 except Exception:
                     logger.exception(
-                        "Backing off a failed pass failed", extra={"host": host_obj.key}
+                        "Backing off a failed pass failed",
+                        extra=log_extra(host_obj, action="rearm_failure"),
                     )
                 failed = PassReport(
                     host=host_obj.key,
@@ -285,7 +319,8 @@ def _record(
             if boundary:
                 PassRecord.objects.filter(host=host, id__lte=boundary[0]).delete()
     except Exception:
-        logger.exception("Recording a pass failed", extra={"host": host.key})
+        logger.exception("Recording a pass failed", extra=log_extra(host, action="record_pass"))
+    observability.pass_recorded(host, report, started_at=started_at, error=error)
 
 
 def _check_deadline(event_deadline: datetime) -> None:
@@ -316,23 +351,41 @@ def _run_event(
         native = NativeStep(host, runtime, started, yield_after, executor)
         observed.native_only = started.actionable and not waves
         try:
-            if not _publication_barrier(host, rows, observed, yield_after, dispatch_until):
+            pending = _publication_barrier(host, rows, observed, yield_after, dispatch_until)
+            if pending is not None:
                 native.started = replace(started, actionable=False)
-            result = native.run()
+                result = NativeResult("caught-up", started.nonterminal, pending.next_at)
+            else:
+                result = native.run()
         except BaseException as exc:
             failures.append(exc)
             result = NativeResult("caught-up", started.nonterminal, None)
         else:
             observed.native_only = False
         failures += join(waves)
+        if not failures and native.started.actionable:  # Note [Deliver what the pass produced]
+            refill = _refill_waves(host, waves, observed, yield_after, dispatch_until, executor)
+            failures += join(refill)
         failures += _after_native(host, observed, yield_after, dispatch_until, executor)
     finally:
         executor.shutdown()
     if failures:
-        raise failures[0]
+        raise combined(failures)
     _check_deadline(event_deadline)
     phase = PassPhase.ACTIONABLE.value if started.actionable else result.phase
     return result, phase, native.recovery.recovered, native.settled
+
+
+def combined(failures: list[BaseException]) -> BaseException:
+    """The one error a pass raises for all of its failures (6.10): the failure itself when
+    there is one, else a :class:`PassFailed` carrying each. An interruption that is not an
+    ``Exception`` (``KeyboardInterrupt``, ``SystemExit``) propagates as it is."""
+    for failure in failures:
+        if not isinstance(failure, Exception):
+            return failure
+    if len(failures) == 1:
+        return failures[0]
+    return PassFailed([f for f in failures if isinstance(f, Exception)])
 
 
 @dataclass
@@ -344,25 +397,39 @@ class Begun:
     producing: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class PublicationPending:
+    """The publication lane still owes work: the native step waits until ``next_at``."""
+
+    next_at: datetime | None
+
+
 def _publication_barrier(
     host: Host,
     rows: list[Lane],
     observed: Observation,
     until: datetime,
     dispatch_end: datetime,
-) -> bool:
+) -> PublicationPending | None:
     """Run a due publication wave before the native step (6.4 step 1).
 
-    Returns False while publication is still pending or parked: the native step then waits.
+    Returns None when publication is idle. While it is still pending or parked, the native
+    step waits, and the native lane's next time is the publication lane's deadline (no sooner
+    than the minimum alarm delay; none while it is parked) rather than the minimum delay, so
+    a pending publication is retried on its own backoff (1 s, 2 s, ... after each claim).
     """
     row = next((r for r in rows if r.lane == PUBLICATION), None)
     if row is None:
-        return True
+        return None
     spec = lane_registry.handler(PUBLICATION)
     if spec is not None and row.due_at is not None and row.due_at <= clock.now():
         run_wave(host, spec, row, observed, until, dispatch_end, threading.Event())
         row = next((Lane.from_model(r) for r in host.lanes.filter(lane=PUBLICATION)), row)
-    return row.due_at is None and not row.parked
+    if row.due_at is None and not row.parked:
+        return None
+    if row.parked or row.due_at is None:
+        return PublicationPending(None)
+    return PublicationPending(max(clock.now() + conf.minimum_alarm_delay(), row.due_at))
 
 
 def _begin(
@@ -441,6 +508,45 @@ def _admit_waves(
     return waves
 
 
+# Note [Deliver what the pass produced]
+#     Upstream's scheduling loop starts another wave of a concurrent lane whenever its last one
+#     ended and the lane is due again, until the yield point. The port admits its concurrent
+#     waves when the pass starts, so work the native step produced (the ``cleared`` recovery
+#     event of a fault it just cleared, say) would wait for the next pass and keep the alarm
+#     armed. So once the native step and the first waves have ended, every concurrent lane that
+#     is due again gets one more wave, unless its first wave failed in this pass. One round:
+#     a lane's claim sets a retry floor, so only new source progress makes it due again. Only
+#     after a native step that ran: a caught-up pass produced nothing and keeps its constant
+#     number of queries.
+
+
+def _refill_waves(
+    host: Host,
+    done: list[tuple[str, Future[Any], threading.Event, float]],
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[tuple[str, Future[Any], threading.Event, float]]:
+    """One more wave for each concurrent lane that became due while the native step ran
+    (Note [Deliver what the pass produced])."""
+    from durable_agent.maintenance import gate
+
+    failed = {
+        lane
+        for lane, future, _, _ in done
+        if not future.done() or future.cancelled() or future.exception() is not None
+    }
+    if clock.now() >= until:
+        return []
+    rows = [Lane.from_model(r) for r in host.lanes.all()]
+    rows = [r for r in rows if r.lane not in failed]
+    producing = frozenset(gate.active_lanes(host))
+    return _admit_waves(
+        host, rows, producing, "concurrent", observed, until, dispatch_end, executor
+    )
+
+
 def _submit_wave(
     executor: Executor,
     host: Host,
@@ -449,10 +555,16 @@ def _submit_wave(
     observed: Observation,
     until: datetime,
     dispatch_end: datetime,
+    *,
+    admitted: Callable[[], None] | None = None,
 ) -> tuple[str, Future[Any], threading.Event, float]:
     cancelled = threading.Event()
     future = executor.submit(
-        lambda: run_wave(host, spec, row, observed, until, dispatch_end, cancelled)
+        observability.in_current_trace(
+            lambda: run_wave(
+                host, spec, row, observed, until, dispatch_end, cancelled, admitted=admitted
+            )
+        )
     )
     return row.lane, future, cancelled, spec.allowance_ms / 1000
 
@@ -464,7 +576,13 @@ def _after_native(
     dispatch_end: datetime,
     executor: Executor,
 ) -> list[BaseException]:
-    """After-native waves, round-robin from the lane after the last one admitted (6.9)."""
+    """After-native waves, round-robin from the lane after the last one admitted (6.9).
+
+    They are bounded by ``dispatch_end`` alone, not by the yield point: they run after the
+    native step even in a pass that reached its yield point. A lane is stored as the last one
+    admitted only once its wave has claimed it, so a lane that did not run never moves the
+    rotation on.
+    """
     from durable_agent.maintenance import gate
 
     selected = [s for s in lane_registry.lanes() if s.phase == "after-native"]
@@ -489,13 +607,16 @@ def _after_native(
         if now + timedelta(milliseconds=spec.allowance_ms) > dispatch_end:
             continue
 
-        def admit(
-            state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, lane: str = spec.lane
-        ) -> None:
-            state.last_after_native_lane = lane
+        def admit(lane: str = spec.lane) -> None:
+            def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+                state.last_after_native_lane = lane
 
-        run_alarm_transaction(host, "admit after-native wave", admit)
-        failures += join([_submit_wave(executor, host, spec, found, observed, until, dispatch_end)])
+            run_alarm_transaction(host, "admit after-native wave", fn)
+
+        wave = _submit_wave(
+            executor, host, spec, found, observed, dispatch_end, dispatch_end, admitted=admit
+        )
+        failures += join([wave])
     return failures
 
 

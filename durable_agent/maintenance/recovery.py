@@ -8,6 +8,7 @@ at least once, by the recovery-events lane to the ``recovery_fault`` signal.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ from durable_agent.maintenance.alarm import Checkpoint
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
 from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.waves import RecoveryTimeout, bounded_call
 from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
+from durable_agent.observability import log_extra
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
 
 if TYPE_CHECKING:
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("durable_agent.maintenance")
 MAX_ATTEMPTS = 2**31 - 1
+RUN_RECOVERY = "run recovery"
+READ_ABORT_INTENT = "read abort intent"
 
 
 @dataclass
@@ -52,7 +57,13 @@ def failure_of(exc: BaseException, *, phase: str, operation: str) -> dict[str, A
     """A payload-free description of a recovery failure."""
     return {
         "phase": phase,
-        "reason": "defect" if not isinstance(exc, Exception) else "failure",
+        "reason": (
+            "timeout"
+            if isinstance(exc, RecoveryTimeout)
+            else "defect"
+            if not isinstance(exc, Exception)
+            else "failure"
+        ),
         "operation": operation,
         "diagnostic": {"error": type(exc).__name__, "message": str(exc)[:300]},
     }
@@ -62,8 +73,12 @@ def recover_thread(host: Host, runtime: Runtime, thread: str, recovery: NativeRe
     """Sweep ``thread`` page by page, saving the cursor so a crash resumes where it stopped."""
     cursor = work_cursors.read(host.pk, thread)
     while True:
-        with gate.native_source():
-            sweep = runtime.run_recovery(host, thread, cursor)
+        try:
+            sweep = bounded_call(
+                RUN_RECOVERY, functools.partial(runtime.run_recovery, host, thread, cursor)
+            )
+        except RecoveryTimeout as exc:  # Note [A hung runtime call is abandoned]
+            sweep = RecoverySweep(blocked=(blocked_failure(thread, exc, RUN_RECOVERY),))
         faults = record_recovery_faults(host, runtime, sweep, recovery, selected_thread=thread)
         work_cursors.write(host.pk, thread, sweep.cursor)
         with recovery.lock:
@@ -158,7 +173,9 @@ def record_recovery_faults(
         log = logger.critical if fault.failure.get("reason") == "defect" else logger.error
         log(
             "Native Thread recovery blocked; accepted work remains pending",
-            extra={"host": host.key, "work_thread": fault.thread, "failure": fault.failure},
+            extra=log_extra(
+                host, thread_key=fault.thread, failure=fault.failure, action="recovery_fault"
+            ),
         )
     return faults
 

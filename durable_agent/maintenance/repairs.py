@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from durable_agent import clock, conf
+from durable_agent import clock, conf, signals
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance.alarm import Checkpoint, _actor_name
 from durable_agent.maintenance.due_queue import DueQueue
@@ -20,6 +20,7 @@ from durable_agent.maintenance.transactions import run_alarm_transaction
 from durable_agent.models import (
     AlarmAudit,
     BindingRetry,
+    DueLane,
     Host,
     MaintenanceState,
     RecoveryFault,
@@ -62,7 +63,7 @@ def _audit(
     detail: dict[str, Any],
 ) -> AlarmAudit:
     old = checkpoint.current
-    return AlarmAudit.objects.create(
+    audit = AlarmAudit.objects.create(
         host_id=state.host_id,
         actor=actor,
         action=action,
@@ -73,6 +74,10 @@ def _audit(
         detail=detail,
         at=now,
     )
+    signals.send_on_commit(
+        signals.repair_performed, sender=AlarmAudit, host=state.host, audit=audit
+    )
+    return audit
 
 
 def _arm(queue: DueQueue, checkpoint: Checkpoint, now: datetime) -> None:
@@ -120,6 +125,13 @@ def lane_unpark(
             reason=reason,
             now=now,
             detail={"lane": lane, "stalls": row.stalls, "revision": row.revision},
+        )
+        signals.send_on_commit(
+            signals.lane_unparked,
+            sender=DueLane,
+            host=state.host,
+            lane=lane,
+            audit=audit,
         )
         return RepairResult(state.host.key, "unpark", audit.pk, checkpoint.target())
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
-from durable_agent import clock, conf
+from durable_agent import clock, conf, observability
 from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff, gate
 from durable_agent.maintenance.alarm import Checkpoint
@@ -150,11 +150,86 @@ def close_thread_pool() -> None:
         def close() -> None:  # one per thread: each waits until every thread holds one
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=5)
+            _close_runner()
             connections.close_all()
 
         for _ in range(pool.workers):
             pool.executor.submit(close)
     pool.executor.shutdown(wait=True)
+    _close_runner()
+
+
+_runners = threading.local()
+
+
+class RecoveryTimeout(TimeoutError):
+    """A recovery read of the runtime did not return within ``RECOVERY_TIMEOUT_MS``; the pass
+    abandoned it. Never leaves the pass: the thread gets a recovery fault instead."""
+
+    def __init__(self, message: str, *, operation: str, timeout_ms: int) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.timeout_ms = timeout_ms
+
+
+def bounded_call(operation: str, fn: Callable[[], T]) -> T:
+    """Run the runtime call ``fn`` of a pass, bounded by ``RECOVERY_TIMEOUT_MS`` (6.4, 6.6).
+
+    Note [A hung runtime call is abandoned]
+        With a pool (``PASS_WORKERS`` above 1) the call runs on the calling thread's runner:
+        one more thread, with its own database connection, reused from call to call like the
+        pool's. Past the timeout the pass stops waiting and raises :class:`RecoveryTimeout`;
+        the runner is retired (the next call gets a fresh one) and closes its connections
+        when the abandoned call returns. Nothing the call returns is used: the pass writes no
+        cursor, report or fault from it. The call's own writes are the runtime's recovery
+        transactions, each deciding from the rows it locks, so a late commit is a recovery
+        racing the next pass, which the runtime must already tolerate. Inline passes
+        (``PASS_WORKERS=1``) run the call in the calling thread, unbounded.
+    """
+    if conf.pass_workers() <= 1:
+        with gate.native_source():
+            return fn()
+    timeout = conf.recovery_timeout()
+    runner: _Pool | None = getattr(_runners, "runner", None)
+    if runner is None or runner.retired.is_set() or runner.pid != os.getpid():
+        runner = _Pool(ThreadPoolExecutor(1, "da-runtime"), 1, os.getpid())
+        _runners.runner = runner
+    retired = runner.retired
+
+    def run() -> T:
+        try:
+            with gate.native_source():
+                return fn()
+        finally:
+            _release_connections(retired=retired)
+
+    future = runner.executor.submit(run)
+    try:
+        return future.result(timeout=timeout.total_seconds())
+    except FutureTimeout:
+        _retire(runner)
+        raise RecoveryTimeout(
+            f"{operation} did not return within {_ms(timeout)} ms; the pass abandoned it",
+            operation=operation,
+            timeout_ms=_ms(timeout),
+        ) from None
+
+
+def _ms(delta: timedelta) -> int:
+    return int(delta / timedelta(milliseconds=1))
+
+
+def _close_runner() -> None:
+    """Stop the calling thread's runner (see :func:`bounded_call`) and close its connection."""
+    runner: _Pool | None = getattr(_runners, "runner", None)
+    if runner is None:
+        return
+    _runners.runner = None
+    if runner.retired.is_set() or runner.pid != os.getpid():
+        return  # its abandoned call closes the connection when it returns
+    runner.retired.set()
+    runner.executor.submit(connections.close_all)
+    runner.executor.shutdown(wait=True)
 
 
 def validate_lanes(rows: list[Lane]) -> None:
@@ -250,14 +325,29 @@ def run_wave(
     until: datetime,
     dispatch_end: datetime,
     cancelled: threading.Event,
+    *,
+    admitted: Callable[[], None] | None = None,
 ) -> tuple[bool, datetime | None]:
-    """Admit one wave of ``spec`` if it fits before ``dispatch_end``, then run it."""
+    """Admit one wave of ``spec`` if it fits before ``dispatch_end``, then run it.
+
+    ``admitted`` runs once the lane is claimed, before its handler: only a wave that really
+    runs is recorded as admitted (the after-native rotation cursor).
+    """
     now = clock.now()
     allowance = timedelta(milliseconds=spec.allowance_ms)
     if now >= until or now + allowance > dispatch_end:
         return False, row.due_at  # not admitted: no claim, no debit
     context = LaneContext(host=host, lane=spec.lane, deadline=now + allowance, _cancelled=cancelled)
-    return run_queued(host, row, lambda: spec.run(context), observed, allowance=allowance)
+
+    def work() -> datetime | None:
+        if admitted is not None:
+            admitted()
+        return spec.run(context)
+
+    with observability.span(
+        "durable_agent.wave", host_key=host.key, host_id=host.pk, lane=row.lane
+    ):
+        return run_queued(host, row, work, observed, allowance=allowance)
 
 
 def join(

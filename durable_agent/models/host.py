@@ -8,7 +8,10 @@ from django.db.models import F, Q
 
 class HostQuerySet(models.QuerySet["Host"]):
     def armed(self) -> HostQuerySet:
-        return self.filter(alarm__isnull=False).exclude(alarm__repeats=0)
+        """Hosts whose slot is armed (the rule lives in ``maintenance/selectors.py``)."""
+        from durable_agent.maintenance.selectors import armed
+
+        return self.filter(armed())
 
 
 class Host(models.Model):

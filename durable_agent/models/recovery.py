@@ -31,6 +31,7 @@ class BindingRetry(models.Model):
     registry_key = models.CharField(max_length=128, blank=True, default="")
 
     class Meta:
+        verbose_name_plural = "binding retries"
         constraints = [
             models.UniqueConstraint(
                 fields=["host", "submission"], name="da_bindingretry_one_per_submission"

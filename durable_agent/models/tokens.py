@@ -12,6 +12,7 @@ MAX_TOKEN_NAME_LENGTH = 100
 
 class ApiTokenScope(models.TextChoices):
     READ = "read", "read (GET endpoints only)"
+    SUBMIT = "submit", "submit (GET endpoints and submitting work)"
     REPAIR = "repair", "repair (every endpoint)"
 
 
@@ -64,3 +65,8 @@ class ApiToken(models.Model):
     @property
     def can_repair(self) -> bool:
         return self.scope == ApiTokenScope.REPAIR
+
+    @property
+    def can_submit(self) -> bool:
+        """``submit`` and ``repair`` tokens may submit work (repair tokens always could)."""
+        return self.scope in (ApiTokenScope.SUBMIT, ApiTokenScope.REPAIR)

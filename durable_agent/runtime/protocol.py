@@ -21,11 +21,17 @@ Disposition = Literal["repaired", "unknown", "unchanged"]
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One nonterminal submission, as ``scan_nonterminal`` returns it (FIFO per thread)."""
+    """One nonterminal submission, as ``scan_nonterminal`` returns it (FIFO per thread).
+
+    ``holds_thread``: an ``unknown`` submission that keeps the later submissions of its thread
+    waiting (strict ordering). By default an ``unknown`` submission that recovery reported as
+    a stable wait is skipped, and the next one becomes the thread's head.
+    """
 
     thread: str
     submission: str
     state: str
+    holds_thread: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class Runtime(Protocol):
         self, host: Host, thread: str, yield_after: datetime
     ) -> Settlement | None:
         """Claim the head of ``thread``, run it and settle it, or return None.
+
+        The head is the thread's first nonterminal submission, skipping ``unknown`` ones that
+        do not hold the thread (``WorkItem.holds_thread``), as the pass does.
 
         Raises:
             BindingUnavailable: the head's agent binding is not registered here.

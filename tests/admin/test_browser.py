@@ -17,12 +17,13 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from durable_agent import lanes
-from durable_agent.maintenance import alarm, gate
+from durable_agent.errors import LaneNotRegistered
+from durable_agent.maintenance import alarm, gate, run_pass
 from durable_agent.models import AlarmAudit, DueLane, Host
 from durable_agent.testing import FakeClock, ScriptedRuntime
 from tests.admin import browser
 from tests.admin.helpers import fail_recovery, park, wait_for_binding
-from tests.factories import HostFactory, PassRecordFactory
+from tests.factories import HostFactory, PassRecordFactory, SubmissionFactory
 from tests.maintenance.helpers import caught_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -216,3 +217,86 @@ def test_browser__landing_page_links_the_admin_dashboard_api_docs_and_health(
     health = page.goto(f"{base}/api/durable-agent/health")
     assert health.status == 200
     assert "application/json" in health.headers["content-type"]
+
+
+def _overflow(page: Any) -> int:
+    """How many pixels of the changelist's table are cut off on the right (0: all visible)."""
+    return int(
+        page.evaluate(
+            """() => {
+                const table = document.querySelector('#result_list');
+                const right = table.getBoundingClientRect().right;
+                const box = document.querySelector('#changelist .results') || table;
+                const edge = Math.min(box.getBoundingClientRect().right, window.innerWidth);
+                return Math.max(0, Math.ceil(right - edge));
+            }"""
+        )
+    )
+
+
+def test_browser__failing_host_and_lists_at_1400_px(
+    live_server: Any,
+    page: Any,
+    operator_login: tuple[str, str],
+    clock: FakeClock,
+    runtime: ScriptedRuntime,
+    tmp_path: Path,
+) -> None:
+    _busy_fleet(clock, runtime)
+    failing = HostFactory(key="payments-us")
+    caught_up(failing)
+    gate.schedule(failing, "orphan", clock.now())  # no handler: every pass fails
+    for _ in range(3):
+        clock.advance(seconds=5)
+        with pytest.raises(LaneNotRegistered):
+            run_pass(failing)
+    base = live_server.url
+    page.set_viewport_size({"width": 1400, "height": 900})
+    browser.log_in(page, base, *operator_login, DASHBOARD)
+    assert page.inner_text('[data-count="failing"]') == "1"
+    page.click("#da-failing-list a:text('payments-us')")
+    assert "the last 3 passes failed" in page.inner_text("#da-failing h2")
+    assert "register the handler" in page.inner_text("#da-failing")
+    assert _fact(page, "health") == "FAILING"
+    assert page.locator("#da-passes tr.da-failed").count() == 3
+    browser.screenshot(page, "admin-host-failing.png", tmp_path)
+
+    page.goto(f"{base}/admin/durable_agent/host/")
+    assert _overflow(page) == 0, "the host list cuts off its right-hand columns at 1400 px"
+    assert page.locator("th.column-last_pass").is_visible()
+    badge = page.locator("tr:has(a:text('payments-us')) .da-badge")
+    assert badge.inner_text() == "failing"
+
+    page.goto(f"{base}/admin/durable_agent/passrecord/")
+    assert _overflow(page) == 0, "the pass list cuts off the Error column at 1400 px"
+    failed_row = page.locator("#result_list tr:has(.da-phase-failed)").first
+    background = failed_row.locator("td").first.evaluate(
+        "cell => getComputedStyle(cell).backgroundColor"
+    )
+    plain = page.locator("#result_list tr:has(.da-phase-actionable) td").first.evaluate(
+        "cell => getComputedStyle(cell).backgroundColor"
+    )
+    assert background != plain
+    assert page.locator("td.field-error_shown .da-error").first.is_visible()
+    assert page.locator("#result_list .field-started_at").first.inner_text().endswith(" UTC")
+
+    # A suspended submission's page approves it, and the message keeps the thread key.
+    waiting = SubmissionFactory(
+        thread__host=failing,
+        thread__key="refund-9",
+        state="suspended",
+        approval_reason="refund 120 EUR?",
+    )
+    page.goto(f"{base}/admin/durable_agent/submission/{waiting.pk}/change/")
+    assert page.locator("h1").inner_text() == (
+        f"Submission {waiting.pk}: thread refund-9 #{waiting.sequence} (suspended)"
+    )
+    assert "refund 120 EUR?" in page.inner_text("#da-approval")
+    page.click("#da-approval button:text('Approve…')")
+    page.fill("#id_reason", "customer confirmed")
+    page.click("input[type=submit][value='Approve']")
+    page.wait_for_selector("ul.messagelist li.success")
+    assert page.inner_text("ul.messagelist li.success").startswith(f"Submission {waiting.pk}")
+    assert page.locator("#da-approval").count() == 0
+    waiting.refresh_from_db()
+    assert waiting.state == "ready"

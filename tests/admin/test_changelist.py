@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 def _row(html: str, key: str) -> str:
     """The changelist row of host ``key`` (its <tr> ... </tr>)."""
-    start = html.index(f">{key}</a>")
+    start = re.search(rf">{re.escape(key)}( <span[^>]*>single</span>)?</a>", html).start()
     return html[html.rindex("<tr", 0, start) : html.index("</tr>", start)]
 
 
@@ -34,23 +35,24 @@ def test_host_changelist__shows_generations_slot_lanes_faults_and_last_pass(
     html = operator_client.get(changelist("host")).content.decode()
 
     row = _row(html, host.key)
-    assert "shared" in row
-    assert "4 / 3" in row  # dirty / processed
-    assert '<td class="field-lag"><span class="da-tone-warn">1</span></td>' in row
-    assert "2030-01-01 00:02:03.100 UTC" in row  # the slot
-    assert "in 50 ms" in row
+    assert 'class="da-kind"' not in row  # shared: the default, not marked
+    # dirty / processed, in warning colours when they differ
+    assert '<span class="da-tone-warn" title="lag 1">4 / 3</span>' in row
+    # the slot: the fault's retry, 5 s on (its events were delivered in the pass itself)
+    assert '2030-01-01</span> <span class="da-nowrap">00:02:08.050 UTC' in row
+    assert "in 5.0 s" in row
     assert '<td class="field-parked"><span class="da-tone-bad">1</span></td>' in row
     assert '<td class="field-faults"><span class="da-tone-bad">1</span></td>' in row
     assert '<td class="field-binding_retries"><span class="da-tone-warn">1</span></td>' in row
     assert '<td class="field-last_pass">actionable</td>' in row
     idle_row = _row(html, idle.key)
-    assert "single" in idle_row
+    assert 'idle <span class="da-kind">single</span>' in idle_row
     assert "1 / 0" in idle_row  # no state row yet: one useful pass owed
     assert '<td class="field-slot">disarmed</td>' in idle_row
     assert '<td class="field-last_pass">-</td>' in idle_row
 
 
-def test_host_changelist__overdue_column_and_last_pass_lateness(
+def test_host_changelist__overdue_slot_and_last_pass_lateness(
     operator_client: Client, host: Host, clock: FakeClock
 ) -> None:
     caught_up(host)

@@ -16,6 +16,8 @@ from tests.factories import (
     HostFactory,
     MutationTicketFactory,
     RecoveryEventFactory,
+    SubmissionFactory,
+    ThreadFactory,
     WorkCursorFactory,
 )
 from tests.maintenance.helpers import caught_up
@@ -144,3 +146,24 @@ def test_host_page__a_failed_pass_is_shown(
     html = _section(viewer_client.get(host_page(host)).content.decode(), "passes")
     assert 'class="da-failed"' in html
     assert "RuntimeError" in html
+
+
+def test_host_page__the_audit_list_shows_operator_actions_on_submissions(
+    viewer_client: Client, host: Host, clock: FakeClock
+) -> None:
+    import durable_agent
+    from durable_agent.models import SubmissionState
+
+    thread = ThreadFactory(host=host, key="orders")
+    row = SubmissionFactory(
+        thread=thread, sequence=1, state=SubmissionState.SUSPENDED, approval_reason="pay?"
+    )
+    durable_agent.approve(row, approved=False, actor="carol", reason="fraud suspected")
+
+    html = viewer_client.get(host_page(host)).content.decode()
+
+    audit = html[html.index('id="da-audit"') :]
+    assert "reject" in audit
+    assert "carol" in audit
+    assert "fraud suspected" in audit
+    assert "disarmed" not in audit  # a submission action does not move the slot

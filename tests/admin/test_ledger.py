@@ -11,7 +11,14 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState, Thread
+from durable_agent.models import (
+    AlarmAudit,
+    Host,
+    Submission,
+    SubmissionOutcome,
+    SubmissionState,
+    Thread,
+)
 from tests.admin.helpers import changelist, messages_of, post_action
 from tests.factories import T0, SubmissionFactory, ThreadFactory
 
@@ -124,6 +131,12 @@ def test_approve__a_suspended_head_becomes_ready(
         "operator",
         "approve: customer confirmed",
     )
+    audit = AlarmAudit.objects.get(host_id=head.host_id)
+    assert (audit.action, audit.actor, audit.reason) == (
+        "approve",
+        "operator",
+        "customer confirmed",
+    )
 
 
 def test_reject__a_suspended_head_settles_failed(
@@ -135,6 +148,8 @@ def test_reject__a_suspended_head_settles_failed(
     )
     head.refresh_from_db()
     assert (head.state, head.outcome) == (SubmissionState.SETTLED, SubmissionOutcome.FAILED)
+    audit = AlarmAudit.objects.get(host_id=head.host_id)
+    assert (audit.action, audit.actor, audit.reason) == ("reject", "operator", "no")
 
 
 def test_abort__refused_for_a_settled_submission(
@@ -165,6 +180,8 @@ def test_abort__a_suspended_submission_settles_aborted(
     )
     head.refresh_from_db()
     assert (head.state, head.outcome) == (SubmissionState.SETTLED, SubmissionOutcome.ABORTED)
+    audit = AlarmAudit.objects.get(host_id=head.host_id)
+    assert (audit.action, audit.actor, audit.reason) == ("abort", "operator", "stop")
 
 
 @pytest.mark.parametrize(

@@ -312,13 +312,106 @@ def test_passes__missing_binding_parks_until_it_is_deployed(
     assert_quiet(host)
 
 
-def test_passes__unknown_head_with_a_follower_is_a_stable_wait(
+def test_passes__an_unknown_head_does_not_hold_up_its_thread(
     host: Host, clock: FakeClock, echo: Any, calls: list[Any]
 ) -> None:
+    """An ``unknown`` head that recovery reported as a stable wait is skipped when the pass
+    picks the thread's head: the submission behind it becomes the head and completes, and the
+    host goes quiet with only the unknown outcome left, waiting for its operator (docs/pass.md,
+    "Stable waits and what ends them"; docs/first-agent.md section 8)."""
+    head, follower = submit(host, "a", "charge"), submit(host, "a", "next")
+    crash(head, marked=True)
+
+    drain(host, clock, limit=12)
+
+    assert states(head, follower) == [("unknown", None), ("settled", "completed")]
+    assert calls == [("echo", "next")]
+    assert_quiet(host)
+
+    later = submit(host, "a", "later")  # new input behind the same unknown outcome
+    drain(host, clock, limit=12)
+    assert states(head, later) == [("unknown", None), ("settled", "completed")]
+    assert_quiet(host)
+
+    durable_agent.resolve_unknown(head, outcome="retry")
+    drain(host, clock)
+    assert states(head) == [("settled", "completed")]
+    assert calls == [("echo", "next"), ("echo", "later"), ("echo", "charge")]
+    assert_quiet(host)
+
+
+def test_passes__strict_order_keeps_the_thread_behind_an_unknown_head(
+    host: Host, clock: FakeClock, calls: list[Any]
+) -> None:
+    """With ``strict_order=True`` an agent's unknown outcome holds its thread (strict FIFO, off
+    by default): the follower stays ``ready`` and the host keeps no alarm until an operator
+    resolves the head; then both complete in order (docs/pass.md, "Stable waits and what ends
+    them")."""
+
+    @registry.agent("echo", strict_order=True)
+    def strict(ctx: AgentContext, payload: Any) -> Any:
+        calls.append(payload)
+        return payload
+
     head, follower = submit(host, "a", "charge"), submit(host, "a", "next")
     crash(head, marked=True)
 
     drain(host, clock, limit=12)
 
     assert states(head, follower) == [("unknown", None), ("ready", None)]
+    assert calls == []
+    assert_quiet(host)
+
+    durable_agent.resolve_unknown(head, outcome="retry")
+    drain(host, clock)
+    assert states(head, follower) == [("settled", "completed"), ("settled", "completed")]
+    assert calls == ["charge", "next"]
+    assert_quiet(host)
+
+
+def test_passes__abort_of_an_unknown_head_settles_it_and_the_follower_completes(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    """An abort of an ``unknown`` head is accepted: the head ends ``aborted`` and the
+    submission behind it then completes, with no alarm left (docs/pass.md, "Stable waits and
+    what ends them")."""
+    head, follower = submit(host, "a", "charge"), submit(host, "a", "next")
+    crash(head, marked=True)
+    drain(host, clock)
+    assert states(head) == [("unknown", None)]
+
+    status = durable_agent.abort(head)
+
+    assert (status.state, status.outcome) == ("settled", "aborted")
+    drain(host, clock)
+    assert states(head, follower) == [("settled", "aborted"), ("settled", "completed")]
+    assert calls == [("echo", "next")]
+    assert_quiet(host)
+
+
+def test_passes__the_sweep_starts_a_parked_host_after_a_deploy(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    """After a deploy registers a parked head's agent, the backstop sweep (run by the broker
+    once a minute) arms the parked host, and its alarm then settles the head: nothing else
+    has to start the pass (docs/first-agent.md section 11, docs/pass.md "Binding parking")."""
+    from durable_agent.tasks import sweep
+
+    pk = submit(host, "a", 1)
+    registry.unregister("echo", "1")
+    registry.register("other", lambda ctx, payload: None)
+    drain(host, clock)
+    assert BindingRetry.objects.filter(submission=str(pk)).exists()
+    assert_quiet(host)
+
+    @registry.agent("echo")
+    def deployed(ctx: AgentContext, payload: Any) -> Any:
+        calls.append(payload)
+        return payload
+
+    assert sweep()["rearmed"] == 1
+    drain(host, clock)
+
+    assert states(pk) == [("settled", "completed")]
+    assert calls == [1]
     assert_quiet(host)

@@ -201,7 +201,6 @@ def test_process_thread_head__runs_only_the_head_fifo(
     [
         (SubmissionState.RUNNING, {"lease_owner": "other", "lease_expires_at": T0}),
         (SubmissionState.SUSPENDED, {"approval_reason": "?"}),
-        (SubmissionState.UNKNOWN, {}),
     ],
 )
 def test_process_thread_head__head_not_ready_blocks_the_thread(
@@ -219,6 +218,40 @@ def test_process_thread_head__head_not_ready_blocks_the_thread(
     assert reference.process_thread_head(host, "t", later(clock)) is None
     assert row(follower).state == SubmissionState.READY
     assert calls == []
+
+
+def test_process_thread_head__an_unknown_head_is_skipped(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any], reference: ReferenceRuntime
+) -> None:
+    """An ``unknown`` submission does not hold up its thread: the next one is the head and
+    runs, as the pass picks it (docs/pass.md, "Stable waits and what ends them")."""
+    head, follower = submit(host, payload=1), submit(host, payload=2)
+    Submission.objects.filter(pk=head).update(state=SubmissionState.UNKNOWN)
+
+    assert reference.process_thread_head(host, "t", later(clock)) == Settlement(
+        "t", str(follower), "completed"
+    )
+    assert row(head).state == SubmissionState.UNKNOWN
+    assert calls == [("echo", 2)]
+    items = reference.scan_nonterminal(host)
+    assert [(i.submission, i.state, i.holds_thread) for i in items] == [
+        (str(head), "unknown", False)
+    ]
+
+
+def test_process_thread_head__a_strict_order_unknown_head_blocks_the_thread(
+    host: Host, clock: FakeClock, calls: list[Any], reference: ReferenceRuntime
+) -> None:
+    """``strict_order=True`` keeps strict FIFO behind an unknown outcome of that agent."""
+    registry.register("echo", lambda ctx, payload: calls.append(payload), strict_order=True)
+    head, follower = submit(host, payload=1), submit(host, payload=2)
+    Submission.objects.filter(pk=head).update(state=SubmissionState.UNKNOWN)
+
+    assert reference.process_thread_head(host, "t", later(clock)) is None
+    assert row(follower).state == SubmissionState.READY
+    assert calls == []
+    items = reference.scan_nonterminal(host)
+    assert [(i.state, i.holds_thread) for i in items] == [("unknown", True), ("ready", False)]
 
 
 def test_process_thread_head__no_such_thread(

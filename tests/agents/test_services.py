@@ -102,11 +102,8 @@ def test_abort__suspended_settles_aborted_at_once(host: Host, clock: FakeClock) 
     assert generation(host) == (2, 0)
 
 
-@pytest.mark.parametrize("state", [SubmissionState.SETTLED, SubmissionState.UNKNOWN])
-def test_abort__settled_or_unknown_raises_and_writes_nothing(
-    host: Host, clock: FakeClock, state: SubmissionState
-) -> None:
-    row = make(host, state)
+def test_abort__settled_raises_and_writes_nothing(host: Host, clock: FakeClock) -> None:
+    row = make(host, SubmissionState.SETTLED)
 
     with pytest.raises(InvalidSubmissionState) as caught:
         durable_agent.abort(row)
@@ -117,11 +114,17 @@ def test_abort__settled_or_unknown_raises_and_writes_nothing(
     assert generation(host) is None
 
 
-def test_abort__unknown_points_to_resolve_unknown(host: Host, clock: FakeClock) -> None:
-    row = make(host, SubmissionState.UNKNOWN)
+def test_abort__unknown_settles_aborted_at_once(host: Host, clock: FakeClock) -> None:
+    """An abort of an ``unknown`` submission is accepted and it ends ``aborted``, like a
+    ``ready`` one: nothing is running it (docs/first-agent.md section 9)."""
+    row = make(host, SubmissionState.UNKNOWN, side_effect_marked=True, attempts=1)
 
-    with pytest.raises(InvalidSubmissionState, match="resolve_unknown"):
-        durable_agent.abort(row)
+    status = durable_agent.abort(row)
+
+    assert (status.state, status.outcome) == ("settled", "aborted")
+    row.refresh_from_db()
+    assert (row.settled_at, row.abort_requested_at) == (T0, T0)
+    assert generation(host) == (2, 0)
 
 
 # -- approve --------------------------------------------------------------------------------

@@ -72,3 +72,11 @@ def test_api_token__errors_are_command_errors(
 def test_api_token__an_unknown_scope_is_refused_by_the_parser(clock: FakeClock) -> None:
     with pytest.raises(CommandError, match="invalid choice"):
         run("create", "x", "--scope", "admin")
+
+
+def test_api_token__a_submit_only_token(clock: FakeClock, client: TestClient) -> None:
+    secret = json.loads(run("create", "producer", "--scope", "submit", "--json"))["secret"]
+    assert ApiToken.objects.get(name="producer").scope == "submit"
+    assert "producer\tsubmit" in run("list")
+    response = client.post("/hosts/nope/rearm", json={"reason": "x"}, headers=bearer(secret))
+    assert_error(response, 403, "insufficient_scope")

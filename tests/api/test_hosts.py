@@ -54,6 +54,8 @@ def test_list_hosts__counts_and_slot(
         "created_at": first["created_at"],
         "alarm": "2029-12-31T23:58:00Z",
         "overdue": True,
+        "failing": False,
+        "failed_passes": 0,
         "dirty": 1,
         "processed": 0,
         "nonterminal": 0,

@@ -6,7 +6,7 @@ import pytest
 from ninja.testing import TestClient
 
 from durable_agent.maintenance import alarm
-from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
+from durable_agent.models import AlarmAudit, Host, Submission, SubmissionOutcome, SubmissionState
 from durable_agent.testing import FakeClock
 from tests.api.conftest import assert_error
 from tests.factories import T0, SubmissionFactory, ThreadFactory
@@ -267,3 +267,65 @@ def test_resolve__an_invalid_outcome_is_422_and_a_ready_submission_409(
         409,
         "invalid_submission_state",
     )
+
+
+# -- audit ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "path", "body", "action"),
+    [
+        (SubmissionState.READY, "abort", {"reason": "dup order"}, "abort"),
+        (SubmissionState.SUSPENDED, "approve", {"approved": True, "reason": "ok"}, "approve"),
+        (SubmissionState.SUSPENDED, "approve", {"approved": False, "reason": "no"}, "reject"),
+        (
+            SubmissionState.UNKNOWN,
+            "resolve",
+            {"outcome": "failed", "reason": "bank says no"},
+            "resolve-unknown",
+        ),
+    ],
+)
+def test_operator_actions__are_audited_with_the_token_and_the_reason(
+    client: TestClient,
+    host: Host,
+    repair_auth: dict[str, str],
+    state: SubmissionState,
+    path: str,
+    body: dict[str, Any],
+    action: str,
+) -> None:
+    row = make(host, state)
+    response = client.post(f"/submissions/{row.pk}/{path}", json=body, headers=repair_auth)
+    assert response.status_code == 200, response.json()
+    audit = AlarmAudit.objects.get(host=host)
+    assert (audit.action, audit.actor, audit.reason) == (action, "token:ops", body["reason"])
+    assert audit.detail["submission"] == row.pk
+
+
+def test_abort__without_a_body_is_audited_with_no_reason_and_null_is_refused(
+    client: TestClient, host: Host, repair_auth: dict[str, str]
+) -> None:
+    row = make(host, SubmissionState.RUNNING, lease_owner="w", lease_expires_at=T0)
+    response = client.post(
+        f"/submissions/{row.pk}/abort",
+        data="null",
+        headers={**repair_auth, "Content-Type": "application/json"},
+    )
+    assert_error(response, 422, "validation_error")
+    assert client.post(f"/submissions/{row.pk}/abort", headers=repair_auth).status_code == 200
+    assert list(AlarmAudit.objects.values_list("action", "actor", "reason")) == [
+        ("abort", "token:ops", "")
+    ]
+
+
+def test_operator_actions__a_session_user_is_the_actor(
+    client: TestClient, host: Host, clock: FakeClock
+) -> None:
+    from tests.api.conftest import make_user
+
+    user = make_user("dana", repair=True, perms=["view_submission"])
+    row = make(host, SubmissionState.SUSPENDED)
+    response = client.post(f"/submissions/{row.pk}/approve", json={"reason": "checked"}, user=user)
+    assert response.status_code == 200, response.json()
+    assert AlarmAudit.objects.get(host=host).actor == "dana"

@@ -61,7 +61,9 @@ def test_metadata__license_urls_authors_and_classifiers(wheel: Path) -> None:
     assert metadata["Author"]
     urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
     assert {"Homepage", "Documentation", "Changelog", "Issues"} <= set(urls)
-    assert set(metadata.get_all("Provides-Extra")) == {"api", "postgres"}
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    assert {"api", "postgres"} <= extras
+    assert set(metadata.get_all("Provides-Extra")) == extras
     assert metadata["Description-Content-Type"] == "text/markdown"
 
 
@@ -79,6 +81,12 @@ def test_classifiers__match_the_django_versions_make_test_runs() -> None:
     assert classifiers == tested == {"5.2", "6.1"}
     (django,) = [d for d in PYPROJECT["project"]["dependencies"] if d.startswith("Django")]
     assert django == "Django>=5.2,!=6.0.*,<6.2"
+
+
+def test_readme__documents_every_extra() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for extra in PYPROJECT["project"]["optional-dependencies"]:
+        assert re.search(rf"durable-agent\[[a-z,-]*\b{extra}\b", readme), extra
 
 
 def test_readme__links_are_absolute_and_name_files_of_the_repository() -> None:

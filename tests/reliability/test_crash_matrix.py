@@ -24,7 +24,7 @@ import durable_agent
 from durable_agent import lanes
 from durable_agent.agents import recovery as agent_recovery
 from durable_agent.agents import registry
-from durable_agent.errors import AlarmError
+from durable_agent.errors import AlarmError, PassFailed
 from durable_agent.maintenance import alarm, ensure_alarm, failpoints, gate, run_pass
 from durable_agent.maintenance.audit import audit_host
 from durable_agent.maintenance.failpoints import FailpointError
@@ -68,14 +68,25 @@ def _agents() -> Iterator[None]:
     registry.restore(saved)
 
 
+def _is_crash(exc: BaseException) -> bool:
+    return isinstance(exc, FailpointError) or (
+        isinstance(exc, AlarmError) and isinstance(exc.__cause__, FailpointError)
+    )
+
+
 def crashes(fn: Callable[[], Any]) -> None:
-    """Run one step; a crash (the failpoint's exception) is the point of the exercise."""
+    """Run one step; a crash (the failpoint's exception) is the point of the exercise.
+
+    A pass that failed in several places raises them together (``PassFailed``): the crash
+    must be one of them.
+    """
     try:
         fn()
-    except FailpointError:
-        pass
-    except AlarmError as exc:
-        if not isinstance(exc.__cause__, FailpointError):
+    except PassFailed as group:
+        if not any(_is_crash(exc) for exc in group.exceptions):
+            raise
+    except (FailpointError, AlarmError) as exc:
+        if not _is_crash(exc):
             raise
 
 
@@ -120,6 +131,9 @@ def failing_lane(host: Host, clock: FakeClock) -> None:
     crashes(lambda: gate.schedule(host, "outbox", clock.now()))
     try:
         run_pass(host)
+    except PassFailed as group:  # the lane's failure and the crash, together
+        if not all(isinstance(e, (RuntimeError, FailpointError)) for e in group.exceptions):
+            raise
     except RuntimeError:
         pass
     except FailpointError:

@@ -26,7 +26,7 @@ def _row(token: ApiToken) -> dict[str, Any]:
 
 class Command(BaseCommand):
     help = (
-        "Manage tokens of the HTTP API. `create NAME --scope read|repair` prints the secret "
+        "Manage tokens of the HTTP API. `create NAME --scope read|submit|repair` prints the secret "
         "once (only its SHA-256 digest is stored); `list` shows names, scopes and prefixes; "
         "`revoke NAME` disables a token at once."
     )
@@ -39,7 +39,10 @@ class Command(BaseCommand):
             "--scope",
             choices=ApiTokenScope.values,
             required=True,
-            help="read: GET endpoints only; repair: every endpoint",
+            help=(
+                "read: GET endpoints only; submit: GET endpoints and submitting work; "
+                "repair: every endpoint"
+            ),
         )
         create.add_argument("--json", action="store_true", help="print JSON")
         listing = actions.add_parser("list", help="list tokens (never their secrets)")

@@ -13,9 +13,11 @@ from durable_agent.models import Host
 
 class Command(BaseCommand):
     help = (
-        "Check that every host with owed work holds an alarm early enough. Also reports overdue "
-        "slots, parked lanes, expired mutation tickets and stale pass leases. Exit status 1 on "
-        "a violation; --repair re-arms violating hosts (audited) and says what changed."
+        "Check that every host with owed work holds an alarm early enough, and that no host is "
+        "failing (its last FAILING_AFTER_PASSES passes failed). Also reports overdue slots, "
+        "parked lanes, expired mutation tickets and stale pass leases. Exit status 1 on a "
+        "violation or a failing host; --repair re-arms violating hosts (audited) and says what "
+        "changed (it cannot fix a failing host: fix the error it reports)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -51,16 +53,29 @@ class Command(BaseCommand):
         else:
             self._print(summary, repaired)
         if not after.ok:
+            problems = []
+            if after.violating:
+                problems.append(f"{len(after.violating)} violate the alarm invariant")
+            if after.failing:
+                problems.append(f"{len(after.failing)} are failing")
             raise CommandError(
-                f"{len(after.violating)} of {after.hosts} hosts violate the alarm invariant",
+                f"Of {after.hosts} hosts, {' and '.join(problems)}",
                 returncode=1,
             )
 
     def _print(self, summary: Any, repaired: list[dict[str, Any]]) -> None:
-        self.stdout.write(f"hosts: {summary.hosts}, violating: {len(summary.violating)}")
+        self.stdout.write(
+            f"hosts: {summary.hosts}, violating: {len(summary.violating)}, "
+            f"failing: {len(summary.failing)}"
+        )
         for audit in summary.violating:
             for violation in audit.violations:
                 self.stdout.write(f"VIOLATION {audit.host}: {violation}")
+        for audit in summary.failing:
+            self.stdout.write(
+                f"FAILING {audit.host}: {audit.failed_passes} passes failed in a row; "
+                f"last error: {audit.last_error}"
+            )
         for host in summary.overdue:
             self.stdout.write(f"overdue {host}: its alarm is more than 60 s late")
         for host, lanes in summary.parked.items():

@@ -1,0 +1,191 @@
+"""Logs, traces and metrics of maintenance passes (docs/operations.md).
+
+* ``log_extra``: the one vocabulary of ``extra`` keys on durable_agent's log records:
+  ``host_key``, ``host_id``, ``lane``, ``phase``, ``action``.
+* ``span``: an OpenTelemetry span when ``opentelemetry-api`` is installed (the ``[otel]``
+  extra), a no-op otherwise. Without an SDK configured the API's own tracer is a no-op too.
+* ``pass_recorded``: called once per recorded pass: one INFO line (WARNING when the pass
+  failed) on the ``durable_agent.maintenance`` logger, the Prometheus pass metrics when
+  ``prometheus_client`` is installed (``durable_agent.contrib.metrics``), and the
+  ``pass_finished`` signal.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from durable_agent import clock, signals
+
+if TYPE_CHECKING:
+    from durable_agent.maintenance.passes import PassReport
+    from durable_agent.models import Host
+
+logger = logging.getLogger("durable_agent.maintenance")
+
+_trace: Any
+_context: Any
+try:
+    from opentelemetry import context as _context
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover - the [otel] extra is not installed
+    _trace = _context = None
+
+T = TypeVar("T")
+
+TRACER_NAME = "durable_agent"
+
+
+def log_extra(host: Host | int | None = None, **fields: Any) -> dict[str, Any]:
+    """``extra`` for a log record: ``host_key`` and ``host_id`` of ``host`` (a Host, or only
+    ``host_id`` for an id), then ``fields`` (``lane``, ``phase``, ``action``, ...)."""
+    extra: dict[str, Any] = {}
+    if isinstance(host, int):
+        extra["host_id"] = host
+    elif host is not None:
+        extra["host_key"] = host.key
+        extra["host_id"] = host.pk
+    extra.update(fields)
+    return extra
+
+
+class _NoSpan:
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+
+@functools.cache
+def _tracer() -> Any:
+    """The tracer, got once: the API's proxy follows a provider installed later."""
+    return _trace.get_tracer(TRACER_NAME)
+
+
+@contextmanager
+def span(name: str, **attributes: Any) -> Iterator[Any]:
+    """A span called ``name`` with ``attributes`` (None values left out), current for the
+    block; an exception is recorded on it and re-raised. A no-op without opentelemetry."""
+    if _trace is None:
+        yield _NoSpan()
+        return
+    tracer = _tracer()
+    attrs = {f"durable_agent.{k}": v for k, v in attributes.items() if v is not None}
+    with tracer.start_as_current_span(name, attributes=attrs) as current:
+        yield current
+
+
+def in_current_trace(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn``, made to run in the caller's trace context in whatever thread runs it (a pass's
+    waves run on a thread pool: their spans stay children of the pass's span)."""
+    if _context is None:
+        return fn
+    captured = _context.get_current()
+
+    def run() -> T:
+        token = _context.attach(captured)
+        try:
+            return fn()
+        finally:
+            _context.detach(token)
+
+    return run
+
+
+def _metrics() -> Any:
+    try:
+        from durable_agent.contrib import metrics
+    except ImportError:  # prometheus_client is not installed
+        return None
+    return metrics
+
+
+def pass_recorded(
+    host: Host,
+    report: PassReport,
+    *,
+    started_at: datetime,
+    error: BaseException | None,
+) -> None:
+    """Log, measure and signal one recorded pass. Never raises."""
+    duration_s = max((clock.now() - started_at).total_seconds(), 0.0)
+    try:
+        level = logging.WARNING if error is not None else logging.INFO
+        logger.log(
+            level,
+            "Pass of host %s: %s in %.3f s (settled %d, recovered %d, alarm %s)%s",
+            host.key,
+            report.phase,
+            duration_s,
+            report.settled,
+            report.recovered,
+            report.alarm or "unchanged",
+            "" if error is None else f": {type(error).__name__}: {error}",
+            extra=log_extra(
+                host,
+                phase=report.phase,
+                action="pass",
+                duration_ms=round(duration_s * 1000),
+                lateness_ms=report.lateness_ms,
+                settled=report.settled,
+                recovered=report.recovered,
+            ),
+        )
+        metrics = _metrics()
+        if metrics is not None:
+            metrics.observe_pass(report.phase, duration_s, report.lateness_ms)
+        signals.send_on_commit(
+            signals.pass_finished,
+            sender=_pass_record(),
+            host=host,
+            report=report,
+            duration_s=duration_s,
+            error=error,
+        )
+    except Exception:
+        logger.exception("Observing a pass failed", extra=log_extra(host, action="pass"))
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """Counts across every host, read in a constant number of queries.
+
+    ``armed``: hosts whose slot is armed. ``overdue``: armed more than 60 s past the slot's
+    time (the scheduler is not firing it). ``failing``: hosts whose last
+    ``FAILING_AFTER_PASSES`` passes failed. ``parked``: parked lanes. ``owed``: submissions
+    not settled.
+    """
+
+    hosts: int
+    armed: int
+    overdue: int
+    failing: int
+    parked: int
+    owed: int
+
+
+def fleet_snapshot(*, now: datetime | None = None) -> FleetSnapshot:
+    """The fleet's counts now (four queries, whatever the number of hosts), with the states of
+    the shared read model (``durable_agent.maintenance.selectors``)."""
+    from durable_agent.maintenance import selectors
+    from durable_agent.models import DueLane, LaneState, Submission, SubmissionState
+
+    now = now or clock.now()
+    counts = selectors.fleet_counts(now)
+    return FleetSnapshot(
+        hosts=counts.hosts,
+        armed=counts.armed,
+        overdue=counts.overdue,
+        failing=counts.failing,
+        parked=DueLane.objects.filter(state=LaneState.PARKED).count(),
+        owed=Submission.objects.exclude(state=SubmissionState.SETTLED).count(),
+    )
+
+
+def _pass_record() -> Any:
+    from durable_agent.models import PassRecord
+
+    return PassRecord
