@@ -13,6 +13,7 @@ PORT ?= 8000
 export VENV VENV_DJ61 PORT
 
 STAMP := .requirements.stamp
+DEMO_STAMP := .demo-requirements.stamp
 
 .PHONY: help venv venv-dj61 demo test lint clean
 
@@ -32,6 +33,12 @@ $(VENV)/$(STAMP): requirements/base.txt requirements/dev.txt
 
 venv: $(VENV)/$(STAMP)
 
+# `make demo` installs requirements/demo.txt only (no test or lint tooling); `make test` adds
+# requirements/dev.txt to the same venv.
+$(VENV)/$(DEMO_STAMP): requirements/base.txt requirements/demo.txt
+	@bash scripts/venv.sh "$(PYTHON)" 3.11 "$(VENV)" requirements/demo.txt
+	@touch "$@"
+
 $(VENV_DJ61)/$(STAMP): requirements/base.txt requirements/dev.txt requirements/django61.txt
 	@if [ -z "$(DJ61_PYTHON)" ]; then \
 		echo "error: no Python >= 3.12 found; pass DJ61_PYTHON=/path/to/python3.12" >&2; \
@@ -43,7 +50,7 @@ $(VENV_DJ61)/$(STAMP): requirements/base.txt requirements/dev.txt requirements/d
 
 venv-dj61: $(VENV_DJ61)/$(STAMP)
 
-demo: venv
+demo: $(VENV)/$(DEMO_STAMP)
 	@bash scripts/demo.sh
 
 test: venv

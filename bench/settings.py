@@ -4,29 +4,30 @@ import os
 
 import dj_database_url
 
+from durable_agent.conf import RECOMMENDED_Q_CLUSTER, recommended_database, recommended_q_cluster
 from project.settings import *  # noqa: F403
 from project.settings import INSTALLED_APPS, PERSISTENT_CONN_MAX_AGE, Q_CLUSTER, conn_max_age
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
 DATABASES = {
-    "default": dict(
+    "default": recommended_database(
         dj_database_url.parse(
             os.environ.get(
                 "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agent_bench"
-            ),
-            # Persistent in every bench process but runserver: the clusters and the drivers
-            # (whose passes run waves on a kept thread pool) reuse their threads.
-            conn_max_age=conn_max_age(default=PERSISTENT_CONN_MAX_AGE),
-            conn_health_checks=os.environ.get("BENCH_HEALTH_CHECKS", "1") == "1",
-        )
+            )
+        ),
+        # Persistent in every bench process but runserver: the clusters and the drivers
+        # (whose passes run waves on a kept thread pool) reuse their threads.
+        CONN_MAX_AGE=conn_max_age(default=PERSISTENT_CONN_MAX_AGE),
+        CONN_HEALTH_CHECKS=os.environ.get("BENCH_HEALTH_CHECKS", "1") == "1",
     )
 }
-Q_CLUSTER = {
-    **Q_CLUSTER,
-    "workers": int(os.environ.get("Q_WORKERS", "2")),
-    "bulk": int(os.environ.get("Q_BULK", Q_CLUSTER["bulk"])),
-    "save_limit": int(os.environ.get("Q_SAVE_LIMIT", Q_CLUSTER["save_limit"])),
-}
+Q_CLUSTER = recommended_q_cluster(
+    workers=int(os.environ.get("Q_WORKERS", "2")),
+    bulk=int(os.environ.get("Q_BULK", RECOMMENDED_Q_CLUSTER["bulk"])),
+    broker_class=Q_CLUSTER.get("broker_class"),
+    save_limit=int(os.environ.get("Q_SAVE_LIMIT", RECOMMENDED_Q_CLUSTER["save_limit"])),
+)
 DEBUG = False
 LOGGING = {
     "version": 1,

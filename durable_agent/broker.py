@@ -17,13 +17,21 @@ queries/s at 0.1 s); a slot due before the next probe is waited for and fired on
 [Wake at the deadline]),
 plus the backstop sweep (``durable_agent.tasks.sweep``, three indexed queries, then one batch of
 retention deletes per pruned table) once a minute.
+
+It also makes a cluster stop when SIGTERM reaches its whole process group or cgroup (Note
+[SIGTERM to the group]).
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import signal
+import sys
 import time
 from datetime import datetime
+from types import FrameType
 from typing import Any
 
 from django.db.models import Q
@@ -32,6 +40,7 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import Schedule
 from django_q.scheduler import scheduler
+from django_q.signals import post_spawn
 
 logger = logging.getLogger("durable_agent.broker")
 
@@ -76,6 +85,12 @@ class AlarmBroker(ORM):  # type: ignore[misc]
         self._next_probe = 0.0
         self._last_fired: datetime | None = None
         self._next_sweep = 0.0  # once at start: a restarted cluster re-arms lost alarms first
+
+    def ping(self) -> bool:
+        """django-q's sentinel pings its broker first thing; see Note [SIGTERM to the group]."""
+        if _in_sentinel():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return bool(super().ping())
 
     def dequeue(self) -> Any:
         self.fire_due_alarms()
@@ -136,3 +151,56 @@ class AlarmBroker(ORM):  # type: ignore[misc]
             logger.exception("Firing due alarm slots failed")
             return False
         return True
+
+
+# Note [SIGTERM to the group]
+#     django-q2's qcluster is a leader process (its SIGTERM handler stops the cluster), a
+#     sentinel, and the sentinel's pusher, monitor and workers. The sentinel and its children
+#     ignore SIGINT, so Ctrl-C reaches the leader alone; but they leave SIGTERM at its default.
+#     When SIGTERM reaches every process at once (systemd's KillMode=control-group, `kill --
+#     -PGID`, `timeout`, some container runtimes) they all die: the sentinel inside
+#     stop_event.wait(), so the leader's stop_event.set() waits forever for the dead waiter's
+#     acknowledgement, or, when only the workers die, the pusher blocks on the full task queue
+#     nobody drains. Either way the cluster hangs in "stopping". So SIGTERM is made to mean what
+#     it means to the leader: stop in order. The sentinel ignores it (set in AlarmBroker.ping(),
+#     the first thing the sentinel does, before it forks its children); the pusher and monitor
+#     inherit that and are stopped by the sentinel as usual; each worker ignores it unless its
+#     timer says the sentinel is killing it for overrunning ``timeout`` (that kill is a SIGTERM
+#     too), and finishes its task, then takes the sentinel's STOP. A worker's timer is the
+#     ``timer`` local of django-q2's worker(), found on the stack when post_spawn fires: -1 idle,
+#     the task's timeout (plus 3 s) while busy, 0 once the sentinel has counted it down.
+
+
+def _in_sentinel() -> bool:
+    """Whether this is a child process of a qcluster (its sentinel, when ping() runs)."""
+    return multiprocessing.parent_process() is not None
+
+
+def _worker_timer() -> Any:
+    """The ``timer`` Value of the django-q2 worker() running this post_spawn, or None."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "worker" and "timer" in frame.f_locals:
+            return frame.f_locals["timer"]
+        frame = frame.f_back
+    return None
+
+
+def _worker_sigterm(sender: Any, **kwargs: Any) -> None:
+    if not _in_sentinel():
+        return
+    timer = _worker_timer()
+    if timer is None:  # an unknown django-q2: keep its default, die on SIGTERM
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if timer.value == 0:  # the sentinel's timeout kill
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        # Otherwise SIGTERM reached the whole cluster: finish the task, then take the STOP.
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+post_spawn.connect(_worker_sigterm, dispatch_uid="durable_agent.broker.worker_sigterm")

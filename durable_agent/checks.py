@@ -120,6 +120,134 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return errors
 
 
+@register()
+def check_project(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """The project around the app: INSTALLED_APPS, the database and django-q2's cluster.
+
+    Ids ``durable_agent.E020``... and ``W020``...; docs/settings.md lists them with their fixes.
+    ``durable_agent.conf.recommended_q_cluster()`` and ``recommended_database()`` pass them all.
+    """
+    from django.apps import apps
+
+    messages: list[CheckMessage] = []
+    if not apps.is_installed("django_q"):
+        messages.append(
+            Error(
+                '"django_q" is not in INSTALLED_APPS: no alarm slot (a django_q Schedule) can be '
+                "created and no cluster runs the passes.",
+                hint='Add "django_q" to INSTALLED_APPS, next to "durable_agent".',
+                id="durable_agent.E020",
+            )
+        )
+    cluster = getattr(settings, "Q_CLUSTER", None)
+    cluster = cluster if isinstance(cluster, dict) else {}
+    aliases = sorted({"default", str(cluster.get("orm") or "default")} & set(settings.DATABASES))
+    for alias in aliases:
+        database = settings.DATABASES[alias]
+        if "sqlite3" not in str(database.get("ENGINE", "")):
+            continue
+        options = database.get("OPTIONS") or {}
+        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+            messages.append(
+                Error(
+                    f'DATABASES[{alias!r}] is SQLite without OPTIONS["transaction_mode"] = '
+                    '"IMMEDIATE": concurrent alarm transactions and the cluster then fail with '
+                    '"database is locked".',
+                    hint=f"DATABASES[{alias!r}] = durable_agent.conf.recommended_database("
+                    f'DATABASES[{alias!r}]), or set OPTIONS["transaction_mode"] = "IMMEDIATE".',
+                    id="durable_agent.E021",
+                )
+            )
+    default = settings.DATABASES.get("default", {})
+    if default.get("ATOMIC_REQUESTS"):
+        messages.append(
+            Warning(
+                'DATABASES["default"]["ATOMIC_REQUESTS"] is on: durable_agent.submit() and '
+                "gate.transaction() refuse to run inside a view's transaction (GateMisuse).",
+                hint="Turn ATOMIC_REQUESTS off, or mark the views that submit with "
+                "django.db.transaction.non_atomic_requests.",
+                id="durable_agent.W022",
+            )
+        )
+    if not cluster:
+        return messages  # W001 says so
+    fast_path = _is_alarm_broker(cluster.get("broker_class"))
+    if not fast_path and not _sweep_scheduled(databases):
+        messages.append(
+            Warning(
+                "Q_CLUSTER has no broker_class durable_agent.broker.AlarmBroker and no "
+                "durable_agent.tasks.sweep schedule was found: alarms fire up to ~30 s late "
+                "(django-q's own scan) and nothing re-arms a lost alarm.",
+                hint='Set Q_CLUSTER["broker_class"] = "durable_agent.broker.AlarmBroker" '
+                "(durable_agent.conf.recommended_q_cluster() does), or schedule "
+                "durable_agent.tasks.sweep every minute and run `manage.py check --database "
+                "default`.",
+                id="durable_agent.W020",
+            )
+        )
+    timeout = cluster.get("timeout")
+    pass_limit_ms = int(conf.get("EVENT_TIMEOUT_MS"))
+    if isinstance(timeout, int | float) and timeout * 1000 <= pass_limit_ms:
+        messages.append(
+            Warning(
+                f'Q_CLUSTER["timeout"] = {timeout} s is not above the longest pass '
+                f"(EVENT_TIMEOUT_MS = {pass_limit_ms} ms): django-q2 kills a pass that "
+                "is still within its allowance.",
+                hint=f'Set Q_CLUSTER["timeout"] above {pass_limit_ms // 1000} s (900 with the '
+                "defaults) and retry above timeout, or lower EVENT_TIMEOUT_MS.",
+                id="durable_agent.W021",
+            )
+        )
+    orm_alias = str(cluster.get("orm") or "default")
+    orm_database = settings.DATABASES.get(orm_alias, {})
+    if (
+        fast_path
+        and orm_database
+        and orm_database.get("CONN_MAX_AGE", 0) == 0
+        and conf.running_qcluster()
+    ):
+        messages.append(
+            Warning(
+                f"Persistent connections are off (DATABASES[{orm_alias!r}]['CONN_MAX_AGE'] = 0) "
+                "with AlarmBroker's fast path on: the cluster opens a new connection for every "
+                "probe, dequeue and task.",
+                hint=f"DATABASES[{orm_alias!r}] = durable_agent.conf.recommended_database("
+                f"DATABASES[{orm_alias!r}]) (CONN_MAX_AGE 600 with health checks).",
+                id="durable_agent.W023",
+            )
+        )
+    return messages
+
+
+def _is_alarm_broker(path: object) -> bool:
+    if not isinstance(path, str) or not path:
+        return False
+    from durable_agent.broker import AlarmBroker
+
+    try:
+        broker = import_string(path)
+    except ImportError:
+        return False
+    return isinstance(broker, type) and issubclass(broker, AlarmBroker)
+
+
+def _sweep_scheduled(databases: Any) -> bool:
+    """With ``--database``: whether a django_q Schedule runs ``durable_agent.tasks.sweep``."""
+    from django.apps import apps
+
+    if not databases or not apps.is_installed("django_q"):
+        return False
+    from django.db import DatabaseError
+    from django_q.models import Schedule
+
+    try:
+        return bool(Schedule.objects.filter(func="durable_agent.tasks.sweep").exists())
+    except DatabaseError:
+        return False
+
+
 def _check_q_cluster() -> list[CheckMessage]:
     cluster = getattr(settings, "Q_CLUSTER", None)
     if not isinstance(cluster, dict):

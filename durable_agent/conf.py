@@ -2,12 +2,17 @@
 
 Every value is read at call time, so ``override_settings(DURABLE_AGENT={...})`` works. Durations
 are milliseconds, as upstream. ``checks.py`` validates the dict (``durable_agent.E0xx``).
+
+``recommended_q_cluster()`` and ``recommended_database()`` are the one known-good configuration
+of django-q2 and the database; a project's settings module calls them (importing this module
+touches no settings and no models).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -324,6 +329,80 @@ def clock_callable() -> Callable[[], datetime] | None:
 def random_callable() -> Callable[[], float] | None:
     path = get("RANDOM")
     return None if path is None else import_string(path)
+
+
+# The known-good ``Q_CLUSTER``; docs/settings.md explains every value. Keep it in step with the
+# system checks in checks.py (W003-W005 hold a configuration to it).
+RECOMMENDED_Q_CLUSTER: Mapping[str, Any] = {
+    "name": "durable_agent",
+    # The ORM broker on the alias the source writes use, so an enqueue joins their transaction.
+    "orm": "default",
+    # Small: the retry clock starts when the pusher prefetches a task.
+    "queue_limit": 4,
+    # Seconds; above the longest pass (EVENT_TIMEOUT_MS, 14 minutes) and below ``retry``.
+    "timeout": 900,
+    "retry": 960,
+    # Seconds between the idle broker's looks for queued tasks; adds to alarm latency.
+    "poll": 0.05,
+    # The pusher claims up to 4 queued tasks per query.
+    "bulk": 4,
+    # The fast path (due alarms fire within ~0.1 s, not django-q's ~30 s scan) and the sweep.
+    "broker_class": "durable_agent.broker.AlarmBroker",
+    "catch_up": False,
+    # A failed pass already re-armed its own backoff; do not redeliver it every ``retry``.
+    "ack_failures": True,
+    "max_attempts": 0,
+    # PassRecord is the pass history; django-q's Success rows would cost a locked scan per task.
+    "save_limit": -1,
+}
+
+# Persistent connections in the cluster: django-q's pusher, monitor and workers call
+# close_old_connections() around every task, which with CONN_MAX_AGE=0 opens a new connection
+# each time. Elsewhere (runserver starts a thread per request) a kept connection is never
+# reused, so recommended_database() keeps them only in the qcluster process.
+RECOMMENDED_CONN_MAX_AGE = 600
+
+
+def running_qcluster(argv: Sequence[str] | None = None) -> bool:
+    """Whether this process is ``manage.py qcluster`` (or ``django-admin qcluster``)."""
+    argv = sys.argv if argv is None else argv
+    return len(argv) > 1 and argv[1] == "qcluster"
+
+
+def recommended_q_cluster(**overrides: Any) -> dict[str, Any]:
+    """The recommended ``Q_CLUSTER`` dict, with ``overrides`` applied on top.
+
+    ``Q_CLUSTER = recommended_q_cluster(workers=4)``. A key set to ``None`` is removed, so
+    django-q2's own default applies to it.
+    """
+    cluster = {**RECOMMENDED_Q_CLUSTER, **overrides}
+    return {key: value for key, value in cluster.items() if value is not None}
+
+
+def recommended_database(database: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    """A copy of one ``DATABASES`` entry with the options durable_agent needs.
+
+    Every engine gets connection health checks, and persistent connections (``CONN_MAX_AGE``
+    600) in the ``qcluster`` process, 0 in any other. SQLite also gets
+    ``OPTIONS["transaction_mode"] = "IMMEDIATE"`` (``BEGIN IMMEDIATE`` is what serialises its
+    writers; without it concurrent transactions fail with "database is locked") and a 20 s busy
+    ``timeout`` unless one is set. Top-level ``overrides`` (for example ``CONN_MAX_AGE=600``
+    for a WSGI server whose threads are reused) are applied last::
+
+        DATABASES["default"] = recommended_database(DATABASES["default"])
+    """
+    result: dict[str, Any] = {
+        **database,
+        "CONN_MAX_AGE": RECOMMENDED_CONN_MAX_AGE if running_qcluster() else 0,
+        "CONN_HEALTH_CHECKS": True,
+    }
+    if "sqlite3" in str(database.get("ENGINE", "")):
+        options = dict(database.get("OPTIONS") or {})
+        options["transaction_mode"] = "IMMEDIATE"
+        options.setdefault("timeout", 20)
+        result["OPTIONS"] = options
+    result.update(overrides)
+    return result
 
 
 def _retention(name: str) -> timedelta | None:

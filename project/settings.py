@@ -11,6 +11,7 @@ names) and ``DJANGO_CONN_MAX_AGE`` (see :func:`conn_max_age`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import sys
@@ -20,6 +21,8 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from durable_agent.conf import recommended_database, recommended_q_cluster
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY_FILE = BASE_DIR / ".secret_key"
@@ -76,6 +79,14 @@ ALLOWED_HOSTS = [
     ),
 ]
 
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -85,6 +96,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_q",
     "durable_agent",
+    # django-ninja's static files: the API docs' Swagger UI is served from here, not a CDN
+    # (tests/extras runs the project without ninja, the optional "api" extra).
+    *(["ninja"] if _importable("ninja") else []),
     "project.demo",
 ]
 
@@ -150,18 +164,19 @@ def conn_max_age(
 
 
 def _database() -> dict[str, Any]:
+    # recommended_database(): connection health checks, and on SQLite BEGIN IMMEDIATE
+    # (SQLite's stand-in for row locks) with a busy timeout; CONN_MAX_AGE per process, above.
     url = os.environ.get("DATABASE_URL")
     if url:
-        return dict(
-            dj_database_url.parse(url, conn_max_age=conn_max_age(), conn_health_checks=True)
-        )
-    return {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
-        # BEGIN IMMEDIATE serialises writers: SQLite's stand-in for row locks.
-        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
-        "TEST": {"NAME": os.environ.get("SQLITE_TEST_PATH") or None},
-    }
+        return recommended_database(dj_database_url.parse(url), CONN_MAX_AGE=conn_max_age())
+    return recommended_database(
+        {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            "TEST": {"NAME": os.environ.get("SQLITE_TEST_PATH") or None},
+        },
+        CONN_MAX_AGE=conn_max_age(),
+    )
 
 
 DATABASES = {"default": _database()}
@@ -175,36 +190,36 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-# django-q2 with the ORM broker on the default alias, so enqueueing joins the caller's
-# transaction. ``timeout`` must stay below ``retry`` (django-q2 warns otherwise).
-Q_CLUSTER = {
-    "name": "durable_agent",
-    "orm": "default",
-    "workers": int(os.environ.get("Q_WORKERS", "2")),
-    "queue_limit": 4,
-    "timeout": 60 * 15,
-    "retry": 60 * 16,
-    "poll": 0.05,
-    # The pusher claims up to 4 queued tasks per query (docs/deployment.md).
-    "bulk": 4,
-    # The fast path: fire due alarm slots within ~0.1 s instead of django-q's ~30 s scan.
-    "broker_class": os.environ.get("Q_BROKER_CLASS", "durable_agent.broker.AlarmBroker"),
-    "catch_up": False,
-    "ack_failures": True,
-    # PassRecord is the pass history; keeping django-q's Success rows as well costs the
-    # monitor a locked scan of up to 250 rows per task (see docs/deployment.md).
-    "save_limit": -1,
-    "max_attempts": 0,
-    "label": "Django Q2",
-}
+# The recommended django-q2 configuration (docs/settings.md): the ORM broker on the default
+# alias, so enqueueing joins the caller's transaction, and AlarmBroker's fast path.
+Q_CLUSTER = recommended_q_cluster(
+    workers=int(os.environ.get("Q_WORKERS", "2")),
+    # Q_BROKER_CLASS="" runs django-q's stock ORM broker (bench/ compares the two).
+    broker_class=os.environ.get("Q_BROKER_CLASS", "durable_agent.broker.AlarmBroker") or None,
+    label="Django Q2",
+)
 
 DURABLE_AGENT: dict[str, Any] = {}
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # The demo's deliberate failures (project.demo.agents.DemoFailure) log one line each.
+    "filters": {"demo_failures": {"()": "project.demo.logging.OneLineDemoFailures"}},
+    "formatters": {
+        "q": {"format": "%(asctime)s [Q] %(levelname)s %(message)s", "datefmt": "%H:%M:%S"}
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "filters": ["demo_failures"]},
+        "q_console": {
+            "class": "logging.StreamHandler",
+            "formatter": "q",
+            "filters": ["demo_failures"],
+        },
+    },
     "loggers": {
         "durable_agent": {"handlers": ["console"], "level": os.environ.get("DA_LOG", "INFO")},
+        # django-q2's own format, as it sets up when its logger has no handler.
+        "django-q": {"handlers": ["q_console"], "level": "INFO", "propagate": False},
     },
 }

@@ -1,10 +1,13 @@
 from django.contrib import admin
 from django.urls import path, re_path
+from django.views.generic import TemplateView
 
 from durable_agent.api import not_found
 from project.api import api
 
 urlpatterns = [
+    # templates/landing.html: links to the admin, the dashboard, the API docs and health.
+    path("", TemplateView.as_view(template_name="landing.html"), name="landing"),
     path("admin/", admin.site.urls),
     # JSON 404s under the API's mount: its root (ninja's own answers HTML), then any path
     # none of the API's routes matched.

@@ -80,6 +80,7 @@ cat <<BANNER
 ==============================================================================
   durable_agent demo
 
+  Home:      http://$ADDRESS:$PORT/  (admin, dashboard, API docs, health)
   Admin:     http://$ADDRESS:$PORT/admin/
   Username:  admin
   Password:  admin

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make test`: lint, then the whole suite on SQLite and on PostgreSQL (Django 5.2, .venv),
-# then again on Django 6.1 (.venv-dj61) when a Python >= 3.12 exists. Every leg runs; the
-# summary at the end says what passed, failed or was skipped, and the exit status is non-zero
-# when anything failed.
+# `make test`: lint, the package (python -m build, twine check), then the whole suite on SQLite
+# and on PostgreSQL (Django 5.2, .venv), the built wheel's tests (tests/package: its contents
+# and the docs run as tests), then again on Django 6.1 (.venv-dj61) when a Python >= 3.12
+# exists. Every leg runs; the summary at the end says what passed, failed or was skipped, and
+# the exit status is non-zero when anything failed.
 #
 # Environment:
 #   TEST_DATABASE_URL  PostgreSQL for the PostgreSQL legs
@@ -32,7 +33,8 @@ SUMMARY=()
 FAILED=0
 PG_SKIPPED=""
 LOG=$(mktemp)
-trap 'rm -f "$LOG"' EXIT
+DIST_DIR=$(mktemp -d)
+trap 'rm -f "$LOG"; rm -rf "$DIST_DIR"' EXIT
 
 section() {
     printf '\n==============================================================================\n'
@@ -100,7 +102,16 @@ pg_unavailable() {  # pg_unavailable NAME: record a PostgreSQL leg that cannot r
 # --- Django 5.2 (.venv) -------------------------------------------------------------------
 command_leg "lint (ruff, mypy, checks)" bash scripts/lint.sh
 
-pytest_leg "Django 5.2 / SQLite" "$VENV" "" --cov --cov-report= --cov-fail-under=0
+# The distribution, built once: its tests (tests/package) run in their own leg below.
+BUILT=0
+if command_leg "package (python -m build, twine check)" bash -c '
+    "$1/bin/python" -m build --outdir "$2" . && "$1/bin/python" -m twine check --strict "$2"/*
+' _ "$VENV" "$DIST_DIR"; then
+    BUILT=1
+fi
+
+pytest_leg "Django 5.2 / SQLite" "$VENV" "" --cov --cov-report= --cov-fail-under=0 \
+    --ignore=tests/package
 
 section "PostgreSQL probe ($PG_URL)"
 PG_OK=0
@@ -122,9 +133,20 @@ fi
 
 if [ $PG_OK = 1 ]; then
     pytest_leg "Django 5.2 / PostgreSQL" "$VENV" "$PG_URL" --cov --cov-append --cov-report= \
-        --cov-fail-under=0
+        --cov-fail-under=0 --ignore=tests/package
 else
     pg_unavailable "Django 5.2 / PostgreSQL"
+fi
+
+# The built wheel: its contents and metadata, and the docs run as tests (a new project from
+# the README's and docs/first-agent.md's snippets, on SQLite and, with PG_OK, PostgreSQL).
+if [ $BUILT = 1 ]; then
+    package_url=""
+    if [ $PG_OK = 1 ]; then package_url=$PG_URL; fi
+    DA_DIST_DIR=$DIST_DIR pytest_leg "package and docs (built wheel)" "$VENV" "$package_url" \
+        tests/package
+else
+    record FAIL "package and docs (built wheel)" 0 "the build failed"
 fi
 
 # The chaos soak: live clusters, Python and HTTP producers, operators, SIGKILLs and dropped
@@ -160,9 +182,9 @@ else
         command_leg "Django 6.1 checks" bash -c '
             "$1/bin/python" manage.py check --fail-level WARNING &&
                 "$1/bin/python" manage.py makemigrations --check --dry-run' _ "$VENV_DJ61"
-        pytest_leg "Django 6.1 / SQLite" "$VENV_DJ61" ""
+        pytest_leg "Django 6.1 / SQLite" "$VENV_DJ61" "" --ignore=tests/package
         if [ $PG_OK = 1 ]; then
-            pytest_leg "Django 6.1 / PostgreSQL" "$VENV_DJ61" "$PG_URL"
+            pytest_leg "Django 6.1 / PostgreSQL" "$VENV_DJ61" "$PG_URL" --ignore=tests/package
         else
             pg_unavailable "Django 6.1 / PostgreSQL"
         fi

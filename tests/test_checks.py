@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from datetime import UTC, datetime, timedelta
+from unittest import mock
 
 import pytest
 from django.test import override_settings
 
 from durable_agent import clock, conf
-from durable_agent.checks import check_settings
+from durable_agent.checks import check_project, check_settings
 from durable_agent.testing import FakeClock, fake_clock, fake_random
 
 Q_OK = {"orm": "default", "timeout": 60, "retry": 90}
@@ -127,3 +129,121 @@ def test_clock__naive_configured_clock_is_refused() -> None:
         fake._now = fake._now.replace(tzinfo=None)
         with pytest.raises(ValueError, match="naive"):
             clock.now()
+
+
+def test_recommended_q_cluster__overrides_and_removals() -> None:
+    cluster = conf.recommended_q_cluster(workers=4, bulk=None)
+    assert cluster["broker_class"] == "durable_agent.broker.AlarmBroker"
+    assert cluster["timeout"] < cluster["retry"]
+    assert cluster["workers"] == 4
+    assert "bulk" not in cluster
+    assert conf.recommended_q_cluster() == dict(conf.RECOMMENDED_Q_CLUSTER)
+    with override_settings(Q_CLUSTER=conf.recommended_q_cluster()):
+        assert [m.id for m in check_settings()] == []
+
+
+def test_recommended_database__sqlite_and_postgresql() -> None:
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "x", "OPTIONS": {"timeout": 5}}
+    assert conf.recommended_database(sqlite) == {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": "x",
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 5},
+        "CONN_MAX_AGE": 0,  # not the cluster
+        "CONN_HEALTH_CHECKS": True,
+    }
+    assert sqlite["OPTIONS"] == {"timeout": 5}  # a copy
+    postgres = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
+    assert conf.recommended_database(postgres, CONN_MAX_AGE=60) == {
+        **postgres,
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+    }
+    with mock.patch("sys.argv", ["manage.py", "qcluster"]):
+        assert conf.recommended_database(postgres)["CONN_MAX_AGE"] == 600
+
+
+SQLITE_OK = conf.recommended_database(
+    {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}, CONN_MAX_AGE=600
+)
+
+
+def project_ids(databases: object = None, **settings: object) -> list[str]:
+    """The ids check_project reports under ``settings`` (the recommended ones by default).
+
+    Only the check reads the overridden DATABASES; the open connections keep theirs.
+    """
+    settings.setdefault("Q_CLUSTER", conf.recommended_q_cluster())
+    if databases is None:
+        settings.setdefault("DATABASES", {"default": SQLITE_OK})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Overriding setting DATABASES", UserWarning)
+        with override_settings(**settings):
+            return [message.id for message in check_project(databases=databases)]
+
+
+def test_check_project__the_recommended_configuration_is_clean() -> None:
+    assert project_ids() == []
+
+
+def test_check_project__django_q_missing_from_installed_apps() -> None:
+    from django.conf import settings
+
+    apps = [app for app in settings.INSTALLED_APPS if app != "django_q"]
+    assert project_ids(INSTALLED_APPS=apps) == ["durable_agent.E020"]
+
+
+@pytest.mark.parametrize("options", [{}, {"timeout": 20}, {"transaction_mode": "DEFERRED"}])
+def test_check_project__sqlite_without_begin_immediate(options: dict[str, object]) -> None:
+    database = {**SQLITE_OK, "OPTIONS": options}
+    assert project_ids(DATABASES={"default": database}) == ["durable_agent.E021"]
+
+
+def test_check_project__postgresql_needs_no_transaction_mode() -> None:
+    database = conf.recommended_database({"ENGINE": "django.db.backends.postgresql", "NAME": "x"})
+    assert project_ids(DATABASES={"default": database}) == []
+
+
+@pytest.mark.parametrize("broker", [None, "django_q.brokers.orm.ORM", "no.such.Broker"])
+def test_check_project__no_alarm_broker_and_no_sweep(broker: str | None) -> None:
+    assert project_ids(Q_CLUSTER=conf.recommended_q_cluster(broker_class=broker)) == [
+        "durable_agent.W020"
+    ]
+
+
+@pytest.mark.django_db
+def test_check_project__a_sweep_schedule_stands_in_for_the_alarm_broker() -> None:
+    from django_q.models import Schedule
+
+    cluster = conf.recommended_q_cluster(broker_class=None)
+    Schedule.objects.create(func="durable_agent.tasks.sweep", schedule_type=Schedule.MINUTES)
+    assert project_ids(databases=["default"], Q_CLUSTER=cluster) == []
+    Schedule.objects.all().delete()
+    assert project_ids(databases=["default"], Q_CLUSTER=cluster) == ["durable_agent.W020"]
+
+
+def test_check_project__timeout_not_above_the_longest_pass() -> None:
+    cluster = conf.recommended_q_cluster(timeout=600, retry=700)
+    assert project_ids(Q_CLUSTER=cluster) == ["durable_agent.W021"]
+    with override_settings(DURABLE_AGENT={"EVENT_TIMEOUT_MS": 500_000}):
+        assert project_ids(Q_CLUSTER=cluster) == []
+
+
+def test_check_settings__timeout_at_or_above_retry() -> None:
+    cluster = conf.recommended_q_cluster(timeout=960, retry=960)
+    assert "durable_agent.W003" in ids(DURABLE_AGENT={}, Q_CLUSTER=cluster)
+
+
+def test_check_project__atomic_requests() -> None:
+    database = {**SQLITE_OK, "ATOMIC_REQUESTS": True}
+    assert project_ids(DATABASES={"default": database}) == ["durable_agent.W022"]
+
+
+def test_check_project__no_persistent_connections_with_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    database = {**SQLITE_OK, "CONN_MAX_AGE": 0}
+    assert project_ids(DATABASES={"default": database}) == []  # not in the cluster
+    monkeypatch.setattr("sys.argv", ["manage.py", "qcluster"])
+    assert project_ids(DATABASES={"default": database}) == ["durable_agent.W023"]
+    stock = conf.recommended_q_cluster(broker_class=None)
+    assert "durable_agent.W023" not in project_ids(DATABASES={"default": database}, Q_CLUSTER=stock)

@@ -17,23 +17,66 @@ Every endpoint needs an API token (``Authorization: Bearer <secret>``, see
 ``manage.py api_token``) or a staff session; every POST needs the repair scope. Every error
 is ``{code, message, detail}``, a wrong method (405) and an oversized body (413)
 included; ``docs/api.md`` lists the codes and their statuses.
+
+The API needs django-ninja, the ``api`` extra (``pip install "durable-agent[api]"``). Nothing
+else does: this package imports ninja only when ``router`` or ``not_found`` is first read, so
+``durable_agent.api.tokens`` and ``manage.py api_token`` work without it.
 """
 
 from __future__ import annotations
 
-from ninja import Router
+from typing import TYPE_CHECKING, Any
 
-from durable_agent.api import hosts, repairs, submissions
-from durable_agent.api.auth import AUTH, bind_permissions
-from durable_agent.api.errors import answer_methods_in_contract, bind_error_contract, not_found
+if TYPE_CHECKING:
+    from ninja import Router
+
+    from durable_agent.api.errors import not_found
 
 __all__ = ["not_found", "router"]
 
-router = Router(auth=AUTH)
-router.add_decorator(bind_permissions, mode="view")
-router.add_decorator(bind_error_contract, mode="view")
-router.add_router("", hosts.router)
-router.add_router("", repairs.router)
-router.add_router("", submissions.router)
-for _module in (hosts, repairs, submissions):
-    answer_methods_in_contract(_module.router)
+_router: Router | None = None
+
+
+def _require_ninja() -> None:
+    try:
+        import ninja  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "ninja":
+            raise
+        raise ModuleNotFoundError(
+            "durable_agent.api needs django-ninja: pip install 'durable-agent[api]'",
+            name="ninja",
+        ) from exc
+
+
+def _build_router() -> Router:
+    _require_ninja()
+    from ninja import Router
+
+    from durable_agent.api import hosts, repairs, submissions
+    from durable_agent.api.auth import AUTH, bind_permissions
+    from durable_agent.api.errors import answer_methods_in_contract, bind_error_contract
+
+    router = Router(auth=AUTH)
+    router.add_decorator(bind_permissions, mode="view")
+    router.add_decorator(bind_error_contract, mode="view")
+    router.add_router("", hosts.router)
+    router.add_router("", repairs.router)
+    router.add_router("", submissions.router)
+    for module in (hosts, repairs, submissions):
+        answer_methods_in_contract(module.router)
+    return router
+
+
+def __getattr__(name: str) -> Any:
+    global _router
+    if name == "not_found":
+        _require_ninja()
+        from durable_agent.api.errors import not_found
+
+        return not_found
+    if name != "router":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _router is None:
+        _router = _build_router()
+    return _router

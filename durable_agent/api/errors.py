@@ -39,8 +39,8 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.operation import PathView
 
 from durable_agent.agents.services import MAX_PAYLOAD_DEPTH
+from durable_agent.api.schemas import ErrorOut
 from durable_agent.errors import DurableAgentError, InvalidInput
-from durable_agent.schemas import ErrorOut
 
 logger = logging.getLogger("durable_agent.api")
 

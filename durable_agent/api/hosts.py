@@ -9,18 +9,7 @@ from ninja import Path, Query, Router
 
 from durable_agent import clock
 from durable_agent.api.errors import declared as errors
-from durable_agent.api.selectors import (
-    HostFilters,
-    host_audit_page,
-    host_detail,
-    host_lanes,
-    host_page,
-)
-from durable_agent.maintenance.audit import audit_all
-from durable_agent.maintenance.selectors import verdict
-from durable_agent.models import Host, MaintenanceState
-from durable_agent.runtime import get_runtime
-from durable_agent.schemas import (
+from durable_agent.api.schemas import (
     AuditOut,
     AuditPageOut,
     BindingRetryOut,
@@ -37,6 +26,17 @@ from durable_agent.schemas import (
     PageQuery,
     PassRecordOut,
 )
+from durable_agent.api.selectors import (
+    HostFilters,
+    host_audit_page,
+    host_detail,
+    host_lanes,
+    host_page,
+)
+from durable_agent.maintenance.audit import audit_all
+from durable_agent.maintenance.selectors import verdict
+from durable_agent.models import Host, MaintenanceState
+from durable_agent.runtime import get_runtime
 
 router = Router(tags=["hosts"])
 

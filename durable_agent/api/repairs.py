@@ -17,12 +17,7 @@ from durable_agent.api.auth import require_repair
 from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
-from durable_agent.api.selectors import get_host
-from durable_agent.errors import DurableAgentError
-from durable_agent.maintenance import alarm, repairs
-from durable_agent.maintenance.passes import PassReport
-from durable_agent.maintenance.repairs import RepairResult
-from durable_agent.schemas import (
+from durable_agent.api.schemas import (
     HostKey,
     LaneId,
     PassReportOut,
@@ -33,6 +28,11 @@ from durable_agent.schemas import (
     RowId,
     ThreadKey,
 )
+from durable_agent.api.selectors import get_host
+from durable_agent.errors import DurableAgentError
+from durable_agent.maintenance import alarm, repairs
+from durable_agent.maintenance.passes import PassReport
+from durable_agent.maintenance.repairs import RepairResult
 
 router = Router(tags=["repairs"])
 REPAIR_ERRORS = errors(400, 401, 403, 404, 409, 422)

@@ -21,9 +21,7 @@ from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
 from durable_agent.api.repairs import body_reason
-from durable_agent.api.selectors import get_host
-from durable_agent.models import Submission
-from durable_agent.schemas import (
+from durable_agent.api.schemas import (
     MAX_ID,
     ApproveIn,
     HostKey,
@@ -40,6 +38,8 @@ from durable_agent.schemas import (
     SubmitIn,
     ThreadKey,
 )
+from durable_agent.api.selectors import get_host
+from durable_agent.models import Submission
 from durable_agent.text import validate_reason
 
 router = Router(tags=["submissions"])

@@ -8,6 +8,13 @@ from typing import Any
 import durable_agent
 
 
+class DemoFailure(RuntimeError):
+    """An expected failure of the demo (a flaky tool, a webhook endpoint that is down).
+
+    The example project logs it as one line, without a traceback (settings.LOGGING).
+    """
+
+
 @durable_agent.agent("publish-draft", version="1")
 def publish_draft(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Drafts a post, then waits for an operator's approval before "publishing" it."""
@@ -31,5 +38,5 @@ def flaky_tool(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
     query = str(payload.get("query", ""))
     digest = hashlib.sha256(query.encode()).digest()
     if digest[0] % 3 == 0:
-        raise RuntimeError(f"the tool timed out on {query!r}")
+        raise DemoFailure(f"the tool timed out on {query!r}")
     return {"answer": digest.hex()[:16]}

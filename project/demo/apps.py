@@ -2,10 +2,13 @@ from django.apps import AppConfig
 
 
 class DemoConfig(AppConfig):
-    """The example project's agents: imported at startup so every process registers them."""
+    """The example project's agents and lanes: registered at startup in every process."""
 
     name = "project.demo"
     label = "demo"
 
     def ready(self) -> None:
-        from project.demo import agents  # noqa: F401  (registers the example agents)
+        # Importing agents registers the example agents; lanes registers its two lanes.
+        from project.demo import agents, lanes  # noqa: F401
+
+        lanes.register()

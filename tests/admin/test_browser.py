@@ -178,6 +178,47 @@ def test_browser__screenshots_of_the_dashboard_and_a_host(
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_browser__landing_page_links_the_admin_dashboard_api_docs_and_health(
+    live_server: Any, page: Any, operator_login: tuple[str, str]
+) -> None:
+    """``/`` answers 200 and every link on it works, the Swagger UI from local static files."""
+    base = live_server.url
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    response = page.goto(f"{base}/")
+    assert response.status == 200
+    assert page.locator("h1").inner_text() == "durable_agent example project"
+    browser.log_in(page, base, *operator_login, "/")
+    links = {
+        link.get_attribute("data-link"): link.get_attribute("href")
+        for link in page.locator("#landing a[data-link]").all()
+    }
+    assert links == {
+        "admin": "/admin/",
+        "dashboard": DASHBOARD,
+        "api-docs": "/api/durable-agent/docs",
+        "health": "/api/durable-agent/health",
+    }
+
+    page.click("a[data-link=admin]")
+    assert page.locator("#site-name").inner_text().startswith("durable_agent")
+    assert page.title().endswith("| durable_agent example")
+    page.click("#user-tools a:text('Home')")
+    page.click("a[data-link=dashboard]")
+    assert page.url == f"{base}{DASHBOARD}"
+    assert page.locator('[data-count="parked"]').count() == 1
+
+    page.goto(f"{base}/")
+    page.click("a[data-link=api-docs]")
+    page.wait_for_selector(".swagger-ui .info .title")  # rendered by the local bundle
+    assert "durable_agent" in page.locator(".swagger-ui .info .title").inner_text()
+    assert not [url for url in requested if not url.startswith(base)]  # no CDN, nothing remote
+
+    health = page.goto(f"{base}/api/durable-agent/health")
+    assert health.status == 200
+    assert "application/json" in health.headers["content-type"]
+
+
 def _overflow(page: Any) -> int:
     """How many pixels of the changelist's table are cut off on the right (0: all visible)."""
     return int(

@@ -101,3 +101,28 @@ def test_command__a_failed_pass_exits_1_with_the_error(
     assert data["failed"] == 1
     assert "No handler registered for scheduled lane: no-handler" in data["passes"][0]["error"]
     assert alarm.scheduled(host) is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--host", "nosuch"], "Unknown host key(s): nosuch"),
+        ([], "Name hosts with --host KEY, or use --due or --all"),
+        (["--all", "--due"], "--all cannot be combined with --host or --due"),
+    ],
+)
+def test_command__json_errors_are_json(args: list[str], error: str) -> None:
+    out = StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("maintenance_pass", *args, "--json", stdout=out)
+    assert raised.value.returncode == 1
+    assert json.loads(out.getvalue()) == {"passes": [], "failed": 0, "error": error}
+
+
+def test_command__every_option_has_help() -> None:
+    from durable_agent.management.commands.maintenance_pass import Command
+
+    parser = Command().create_parser("manage.py", "maintenance_pass")
+    ours = [a for a in parser._actions if a.dest in ("host", "due", "all", "json")]
+    assert len(ours) == 4
+    assert all(action.help for action in ours)

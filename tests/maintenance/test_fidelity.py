@@ -181,9 +181,9 @@ def test_failures__a_pass_raises_and_records_every_failure(
     one error carries both, the PassRecord keeps both, and the API's pass record (which the
     admin's host page shows too) lists both (docs/pass.md, "Failures: rearm_failure, then
     re-raise")."""
+    from durable_agent.api.schemas import PassRecordOut
     from durable_agent.errors import AlarmError, PassFailed
     from durable_agent.models import PassRecord
-    from durable_agent.schemas import PassRecordOut
 
     runtime.submit(host, "t1", behaviour="raise")
 

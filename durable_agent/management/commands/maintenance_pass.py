@@ -13,15 +13,30 @@ from durable_agent.maintenance.selectors import hosts_for_pass
 class Command(BaseCommand):
     help = (
         "Run a maintenance pass for hosts: --host KEY (repeatable), --due (hosts whose alarm is "
-        "due), or --all. Prints one line per host, or JSON with --json. Exit status 1 when any "
-        "pass failed."
+        "due), or --all. Prints one line per host, or JSON with --json (errors included). Exit "
+        "status 1 when any pass failed or the selection is invalid."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", action="append", default=[], metavar="KEY")
-        parser.add_argument("--due", action="store_true", help="hosts whose alarm is due now")
-        parser.add_argument("--all", action="store_true", help="every host")
-        parser.add_argument("--json", action="store_true", help="print JSON reports")
+        parser.add_argument(
+            "--host",
+            action="append",
+            default=[],
+            metavar="KEY",
+            help="the host with this key; repeat for several (every key is checked first)",
+        )
+        parser.add_argument(
+            "--due", action="store_true", help="hosts whose alarm slot is armed and due now"
+        )
+        parser.add_argument(
+            "--all", action="store_true", help="every host (not with --host or --due)"
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help='print one JSON object: {"passes": [...], "failed": N}, plus "error" when '
+            "the selection is invalid",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from durable_agent.maintenance.passes import run_pass
@@ -29,6 +44,10 @@ class Command(BaseCommand):
         try:
             hosts = hosts_for_pass(keys=options["host"], due=options["due"], all=options["all"])
         except ValueError as exc:
+            if options["json"]:
+                self.stdout.write(
+                    json.dumps({"passes": [], "failed": 0, "error": str(exc)}, indent=2)
+                )
             raise CommandError(str(exc)) from exc
         results: list[dict[str, Any]] = []
         failed = 0
