@@ -179,7 +179,8 @@ def check_project(
             Warning(
                 "Q_CLUSTER has no broker_class durable_agent.broker.AlarmBroker and no "
                 "durable_agent.tasks.sweep schedule was found: alarms fire up to ~30 s late "
-                "(django-q's own scan) and nothing re-arms a lost alarm.",
+                "(django-q's own scan), nothing re-arms a lost alarm and nothing prunes old rows "
+                "(docs/operations.md, Retention).",
                 hint='Set Q_CLUSTER["broker_class"] = "durable_agent.broker.AlarmBroker" '
                 "(durable_agent.conf.recommended_q_cluster() does), or schedule "
                 "durable_agent.tasks.sweep every minute and run `manage.py check --database "
