@@ -2,6 +2,7 @@
 
     python -m bench.retention [--seconds 180] [--hosts 50] [--rate 10] [--retention-ms 30000]
                               [--sweep-ms 5000] [--batch 500] [--sample 15] [--no-retention]
+    python -m bench.retention --backlog 20000 [--batch 500]
 
 A live 2-worker cluster (with ``AlarmBroker``, so the sweep runs every ``--sweep-ms``) runs for
 ``--seconds`` while this process, at ``--rate`` operations per second over ``--hosts`` hosts:
@@ -16,6 +17,10 @@ Every ``--sample`` seconds it counts the rows of each table. With the retention 
 ``--retention-ms`` the counts level off at about ``rate x (retention + sweep interval)``; with
 ``--no-retention`` (every retention ``None``) the same load shows them growing. Expired tickets
 are pruned after a fixed hour of grace whatever the settings, so they stay flat either way.
+
+``--backlog N`` instead measures what one retention run costs: it loads ``N`` expired rows into
+each table (as after an upgrade), then calls ``retention.prune()`` until they are gone and
+reports the time of each call (one batch per table, each in its own transaction).
 """
 
 from __future__ import annotations
@@ -108,6 +113,95 @@ def run(args: argparse.Namespace) -> list[list[Any]]:
     return rows
 
 
+def backlog(count: int) -> list[list[Any]]:
+    from django.utils import timezone
+    from django_q.models import Task
+
+    from bench.common import summary
+    from durable_agent.maintenance import retention
+    from durable_agent.models import (
+        AlarmAudit,
+        Host,
+        MaintenanceState,
+        MutationTicket,
+        PassRecord,
+        RecoveryEvent,
+    )
+
+    reset()
+    now = timezone.now()
+    old = now - timedelta(days=400)
+    hosts = Host.objects.bulk_create([Host(key=f"backlog-{i}") for i in range(100)])
+    per_host = count // len(hosts)
+    MaintenanceState.objects.bulk_create(
+        MaintenanceState(
+            host=h, recovery_event_sequence=per_host, recovery_event_acknowledged=per_host
+        )
+        for h in hosts
+    )
+    for h in hosts:
+        at = [old + timedelta(seconds=i) for i in range(per_host)]
+        PassRecord.objects.bulk_create(
+            PassRecord(host=h, started_at=t, phase="caught-up") for t in at
+        )
+        PassRecord.objects.create(host=h, started_at=now, phase="caught-up")
+        AlarmAudit.objects.bulk_create(
+            AlarmAudit(host=h, actor="bench", generation=1, at=t) for t in at
+        )
+        RecoveryEvent.objects.bulk_create(
+            RecoveryEvent(
+                host=h,
+                sequence=i + 1,
+                transition="created",
+                thread="bench",
+                submission="bench",
+                occurred_at=t,
+                first_failed_at=t,
+                delivered_at=t,
+            )
+            for i, t in enumerate(at)
+        )
+        MutationTicket.objects.bulk_create(
+            MutationTicket(host=h, created_at=t, expires_at=t + timedelta(minutes=1)) for t in at
+        )
+        Task.objects.bulk_create(
+            Task(
+                id=f"{h.pk}-{i}",
+                name=f"{h.pk}-{i}",
+                func="durable_agent.tasks.fire_alarm",
+                started=t,
+                stopped=t,
+                success=True,
+            )
+            for i, t in enumerate(at)
+        )
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    loaded = counts()
+    times: list[float] = []
+    while True:
+        started = time.perf_counter()
+        pruned = retention.prune()
+        times.append((time.perf_counter() - started) * 1000)
+        if not any(pruned.values()):
+            times.pop()  # the empty run that ends the loop
+            break
+    left = counts()
+    stats = summary(times)
+    return [
+        [
+            per_host * len(hosts),
+            sum(v for k, v in loaded.items() if k != "OrmQ") - sum(left.values()),
+            len(times),
+            stats["p50"],
+            stats["max"],
+            sum(left.values()),
+        ]
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=180)
@@ -118,6 +212,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--sample", type=int, default=15)
     parser.add_argument("--no-retention", action="store_true")
+    parser.add_argument("--backlog", type=int, default=0)
     args = parser.parse_args()
     # Read by bench/settings.py, in this process and in the cluster's.
     os.environ["DA_RETENTION_MS"] = "none" if args.no_retention else str(args.retention_ms)
@@ -126,6 +221,13 @@ def main() -> None:
     os.environ["Q_SAVE_LIMIT"] = "0"
     setup()
     print(machine())
+    if args.backlog:
+        table(
+            f"retention.prune() draining a backlog, batch {args.batch} per table per call",
+            ["rows per table", "rows deleted", "calls", "p50 ms per call", "max ms", "rows left"],
+            backlog(args.backlog),
+        )
+        return
     rows = run(args)
     retention = "off" if args.no_retention else f"{args.retention_ms} ms"
     table(
