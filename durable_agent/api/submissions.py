@@ -202,26 +202,12 @@ def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> Submissi
     if row is None:
         raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)
     return SubmissionOut(
-        id=row.pk,
-        host=row.host.key,
-        thread=row.thread.key,
-        sequence=row.sequence,
-        agent=row.agent,
-        agent_version=row.agent_version,
-        idempotency_key=row.idempotency_key,
-        state=row.state,  # type: ignore[arg-type]
-        outcome=row.outcome,  # type: ignore[arg-type]
+        **_summary(row).model_dump(),
         payload=row.payload,
         result=row.result,
         error=row.error,
-        attempts=row.attempts,
-        abort_requested_at=row.abort_requested_at,
-        approval_reason=row.approval_reason,
         approved_at=row.approved_at,
         lease_expires_at=row.lease_expires_at,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        settled_at=row.settled_at,
     )
 
 
