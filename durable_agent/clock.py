@@ -1,4 +1,4 @@
-"""The injectable clock and random source every service reads (DESIGN P7).
+"""The injectable clock and random source every service reads.
 
 Precedence: a test override installed by :func:`durable_agent.testing.fake_clock` /
 ``fake_random``, then the ``CLOCK`` / ``RANDOM`` settings, then the wall clock and

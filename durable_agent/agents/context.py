@@ -1,4 +1,4 @@
-"""What an agent function receives: ``fn(ctx, payload)`` (DESIGN section 8, P5)."""
+"""What an agent function receives: ``fn(ctx, payload)``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Submission leases: an attempt owns its head while its lease is live (DESIGN section 8).
+"""Submission leases: an attempt owns its head while its lease is live.
 
 A claim is one conditional update (``ready`` -> ``running`` with a fresh owner and expiry), in
 its own short transaction; zero rows updated means someone else claimed or settled the row,

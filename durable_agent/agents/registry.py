@@ -1,4 +1,4 @@
-"""The agent registry: the bindings this process can run (DESIGN section 8).
+"""The agent registry: the bindings this process can run.
 
 Agents register in code, usually in a module that ``AppConfig.ready()`` imports::
 

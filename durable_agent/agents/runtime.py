@@ -1,4 +1,4 @@
-"""The reference runtime: the runtime protocol over the ledger models (DESIGN section 8).
+"""The reference runtime: the runtime protocol over the ledger models (docs/pass.md).
 
 It is the default ``RUNTIME`` (``"durable_agent.agents.runtime.ReferenceRuntime"``). Thread
 identifiers are ``Thread.key``; submission identifiers are ``str(Submission.pk)``. The class

@@ -1,4 +1,4 @@
-"""Ledger services: submit, abort, approve, resolve_unknown (DESIGN sections 5 and 8).
+"""Ledger services: submit, abort, approve, resolve_unknown (docs/first-agent.md).
 
 Every service that changes the ledger admits the change through ONE ``gate.transaction`` with
 native source progress, so the submission rows, the host's generation and its armed alarm

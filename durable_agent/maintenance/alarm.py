@@ -1,4 +1,4 @@
-"""The alarm slot: one django-q ``Schedule`` row per host (DESIGN section 4).
+"""The alarm slot: one django-q ``Schedule`` row per host (docs/concepts.md).
 
 Armed is ``repeats=1`` with ``next_run`` = the deadline; disarmed is ``repeats=0``. A ONCE
 schedule with ``repeats=-1`` is deleted when it fires, so -1 is never used. The three checkpoint

@@ -1,4 +1,4 @@
-"""Upstream's backoff constants and formulas (reference section 3.2 and 3.6)."""
+"""Upstream's backoff constants and formulas (docs/pass.md#the-numbers)."""
 
 from __future__ import annotations
 

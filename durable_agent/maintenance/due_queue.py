@@ -1,4 +1,4 @@
-"""The due queue: one row of scheduling metadata per lane of a host (reference 3.6).
+"""The due queue: one row of scheduling metadata per lane of a host.
 
 A :class:`DueQueue` is the buffered view of one host's lanes inside one alarm transaction. The
 primitives are pure functions of the rows; :meth:`DueQueue.flush` writes every changed row with

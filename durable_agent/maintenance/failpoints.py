@@ -1,4 +1,4 @@
-"""Named failpoints at every upstream location (DESIGN P10).
+"""Named failpoints at every upstream location (docs/reliability.md, the crash matrix).
 
 ``hit(name)`` is a no-op in production. Tests install a handler that raises, blocks, advances
 the clock or kills the process::

@@ -1,4 +1,4 @@
-"""The pass lease: one pass per host at a time, across processes (DESIGN P4, P12).
+"""The pass lease: one pass per host at a time, across processes (docs/pass.md).
 
 Taking the lease arms the slot no later than the lease's expiry, in the same short transaction:
 a worker that dies mid-pass is retried within the lease TTL, and no path leaves a dirty host

@@ -303,7 +303,7 @@ class NativeStep:
             self.recovery.pending.discard(thread)
 
     def _attempt(self, head: WorkItem, previous_waits: list[BindingRetry]) -> int:
-        """Recover the thread, then run its head once (6.7)."""
+        """Recover the thread, then run its head once (docs/pass.md, step 2)."""
         recover_thread(self.host, self.runtime, head.thread, self.recovery)
         binding_failure: BindingUnavailable | None = None
         settlement = None
@@ -359,7 +359,7 @@ class NativeStep:
     # -- checkpoint ------------------------------------------------------------------------
 
     def _checkpoint(self) -> NativeResult:
-        """Acknowledge what was observed, or back off; never writes the slot itself (6.5)."""
+        """Acknowledge what was observed, or back off; never writes the slot itself."""
         view = self._observe()
         recovery, started = self.recovery, self.started
         remaining = view.current

@@ -1,4 +1,4 @@
-"""The maintenance pass: one bounded, idempotent run of one host, started by its alarm (6.1).
+"""The maintenance pass: one bounded, idempotent run of one host, started by its alarm.
 
 ``run_pass(host)`` takes the host's pass lease (a concurrent pass returns ``busy`` at once),
 begins (the O(1) caught-up path makes a constant number of queries), runs the concurrent lane
@@ -377,7 +377,7 @@ def _run_event(
 
 
 def combined(failures: list[BaseException]) -> BaseException:
-    """The one error a pass raises for all of its failures (6.10): the failure itself when
+    """The one error a pass raises for all of its failures: the failure itself when
     there is one, else a :class:`PassFailed` carrying each. An interruption that is not an
     ``Exception`` (``KeyboardInterrupt``, ``SystemExit``) propagates as it is."""
     for failure in failures:
@@ -436,7 +436,7 @@ def _begin(
     host: Host | int, observed: Observation, runtime: Runtime, *, fired_for: datetime | None
 ) -> Begun:
     """Take the lease and ``begin_pass`` under the generation snapshot, in one short
-    transaction: charge the native lane once (6.2)."""
+    transaction: charge the native lane once (docs/pass.md, step 1)."""
     failpoints.hit("maintenance:begin:before")
     now = clock.now()
 
@@ -576,7 +576,7 @@ def _after_native(
     dispatch_end: datetime,
     executor: Executor,
 ) -> list[BaseException]:
-    """After-native waves, round-robin from the lane after the last one admitted (6.9).
+    """After-native waves, round-robin from the lane after the last one admitted.
 
     They are bounded by ``dispatch_end`` alone, not by the yield point: they run after the
     native step even in a pass that reached its yield point. A lane is stored as the last one
@@ -623,7 +623,7 @@ def _after_native(
 def _finish(
     host: Host, observed: Observation, result: NativeResult, taken: lease.Lease
 ) -> tuple[str, bool]:
-    """The final alarm decision: rearm at the earliest lane, or clear (6.10).
+    """The final alarm decision: rearm at the earliest lane, or clear (docs/pass.md, step 4).
 
     Also gives the lease back, and says whether a lane waits for its parked notice.
     """
@@ -659,7 +659,7 @@ def _finish(
 
 
 def rearm_failure(host: Host, observed: Observation) -> None:
-    """Failures durably schedule bounded recovery (6.11)."""
+    """Failures durably schedule bounded recovery (docs/pass.md, failures)."""
     generation, native_only = observed.generation, observed.native_only
     if generation is None:
         return  # failed before begin_pass read anything

@@ -1,4 +1,4 @@
-"""Native recovery: paged sweeps with work cursors, recovery faults and their events (6.6).
+"""Native recovery: paged sweeps with work cursors, recovery faults and their events (docs/pass.md).
 
 A thread whose recovery fails becomes a :class:`RecoveryFault` retried after 5 s, 10, 20, 40,
 60, 60 ... s; it is never dispatched meanwhile. Every transition (created / changed / cleared,

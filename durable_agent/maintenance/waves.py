@@ -1,4 +1,4 @@
-"""Lane waves: charge an attempt, run the handler outside every lock, complete or back off (6.8).
+"""Lane waves: charge an attempt, run the handler outside every lock, complete or back off.
 
 Note [Charge before fallible work]
     A wave claims its lane (one stall, a retry floor, the slot re-armed to the earliest lane)
@@ -305,7 +305,7 @@ def arm_within_lease(
     state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, now: datetime
 ) -> None:
     """Arm the slot at the earliest lane deadline, but while a pass lease is live no later than
-    its expiry: a pass that dies mid-way is retried within the lease TTL (DESIGN P12)."""
+    its expiry: a pass that dies mid-way is retried within the lease TTL (docs/pass.md)."""
     earliest = queue.next()
     target = None if earliest is None else max(now + conf.minimum_alarm_delay(), earliest)
     lease_end = state.pass_lease_expires_at

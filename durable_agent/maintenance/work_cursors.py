@@ -1,4 +1,4 @@
-"""Work cursors: where paged recovery of a thread resumes after a crash (reference 2.3)."""
+"""Work cursors: where paged recovery of a thread resumes after a crash."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference ledger: threads and their FIFO submissions (DESIGN section 8).
+"""The reference ledger: threads and their FIFO submissions.
 
 Only the reference runtime (``durable_agent.agents``) writes these rows, through its services
 and the mutation gate. The maintenance core never reads them: it sees threads and submissions

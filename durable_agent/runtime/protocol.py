@@ -1,4 +1,4 @@
-"""What the maintenance pass needs from a runtime (DESIGN section 8).
+"""What the maintenance pass needs from a runtime (docs/pass.md#the-runtime-protocol).
 
 The pass talks to the runtime only through :class:`Runtime`. Identifiers of threads and
 submissions are the runtime's own strings. The ``RUNTIME`` setting selects the implementation.
