@@ -11,7 +11,6 @@ Note [Agents run as producers]
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from datetime import datetime
 from typing import Any
@@ -139,9 +138,7 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
 
 def _call_agent(fn: registry.AgentFunction, ctx: AgentContext, payload: Any) -> Any:
     """Note [Agents run as producers]."""
-    context = contextvars.copy_context()
-    context.run(gate._native_source.set, False)
-    return context.run(fn, ctx, payload)
+    return gate.run_as_producer(fn, ctx, payload)
 
 
 def _owned(submission: Submission, owner: str) -> Submission | None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError
 from django.db import transaction as db_transaction
@@ -409,6 +409,18 @@ def native_source() -> Iterator[None]:
         yield
     finally:
         _native_source.reset(token)
+
+
+def run_as_producer(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` in a copy of the current context with :func:`native_source` cleared.
+
+    What it writes through the gate counts as a producer's writes and advances the generation,
+    even when called from inside maintenance (an agent run by a pass: Note [Agents run as
+    producers] in ``durable_agent/agents/attempts.py``).
+    """
+    context = contextvars.copy_context()
+    context.run(_native_source.set, False)
+    return context.run(fn, *args)
 
 
 def snapshot(host: HostRef, fn: Callable[[int], T]) -> T:

@@ -69,6 +69,11 @@ def _idle(ctx: LaneContext) -> datetime | None:
     return None
 
 
+def is_idle(spec: LaneSpec) -> bool:
+    """Whether ``spec`` is a framework lane's empty default (no handler installed)."""
+    return spec.run is _idle
+
+
 _host_lanes: dict[str, LaneSpec] = {}
 _framework: dict[str, LaneSpec] = {
     PUBLICATION: LaneSpec(PUBLICATION, _idle),

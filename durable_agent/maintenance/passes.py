@@ -101,7 +101,7 @@ def _register_framework_lanes(queue: DueQueue) -> None:
         if lane in (NATIVE, RECOVERY_EVENTS):
             continue
         spec = lane_registry.handler(lane)
-        if spec is not None and spec.run is not lane_registry._idle:
+        if spec is not None and not lane_registry.is_idle(spec):
             queue.register(lane)
 
 
