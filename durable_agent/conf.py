@@ -281,10 +281,6 @@ def alarm_cluster() -> str | None:
     return None if value is None else str(value)
 
 
-def runtime_path() -> str:
-    return str(get("RUNTIME"))
-
-
 def agent_lease_ttl() -> timedelta:
     return timedelta(milliseconds=int(get("AGENT_LEASE_TTL_MS")))
 

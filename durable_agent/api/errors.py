@@ -306,10 +306,6 @@ class ErrorContract:
     def __init__(self, api: NinjaAPI) -> None:
         self._api = api
 
-    @property
-    def wrapped(self) -> NinjaAPI:
-        return self._api
-
     def on_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse:
         return error_response(self._api, request, exc)
 

@@ -13,8 +13,6 @@ Note [Ledger lock order]
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Length
@@ -71,10 +69,6 @@ class SubmissionQuerySet(models.QuerySet["Submission"]):
 
     def settled(self) -> SubmissionQuerySet:
         return self.filter(state=SubmissionState.SETTLED)
-
-    def lease_expired(self, *, now: datetime) -> SubmissionQuerySet:
-        """Running submissions whose attempt stopped renewing its lease."""
-        return self.filter(state=SubmissionState.RUNNING, lease_expires_at__lte=now)
 
     def abort_requested(self) -> SubmissionQuerySet:
         """Ready submissions with an accepted abort: recovery settles them ``aborted``."""
@@ -192,7 +186,3 @@ class Submission(models.Model):
 
     def __str__(self) -> str:
         return f"{self.thread_id}#{self.sequence} {self.state}"
-
-    @property
-    def terminal(self) -> bool:
-        return self.state == SubmissionState.SETTLED

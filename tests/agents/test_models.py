@@ -104,15 +104,16 @@ def test_submission__querysets_read_as_states() -> None:
     expired = SubmissionFactory(
         state=SubmissionState.RUNNING, lease_owner="me", lease_expires_at=T0
     )
-    SubmissionFactory(
+    live = SubmissionFactory(
         state=SubmissionState.RUNNING, lease_owner="you", lease_expires_at=T0.replace(year=2031)
     )
     intent = SubmissionFactory(abort_requested_at=T0)
+    done = SubmissionFactory(state=SubmissionState.SETTLED, outcome="completed", settled_at=T0)
 
-    assert list(Submission.objects.lease_expired(now=T0)) == [expired]
+    assert set(Submission.objects.nonterminal()) == {expired, live, intent}
+    assert list(Submission.objects.settled()) == [done]
     assert list(Submission.objects.abort_requested()) == [intent]
     assert str(intent) == f"{intent.thread_id}#{intent.sequence} ready"
-    assert intent.terminal is False
 
 
 def test_thread__str_names_host_and_key(host: Any) -> None:

@@ -129,7 +129,6 @@ def test_errors__other_routers_of_the_project_keep_ninjas_shapes(host: Host) -> 
 def test_errors__the_contract_delegates_everything_else() -> None:
     api = NinjaAPI(urls_namespace="delegate-test")
     contract = ErrorContract(api)
-    assert contract.wrapped is api
     assert contract.renderer is api.renderer
 
 
