@@ -7,4 +7,9 @@ class DurableAgentConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
         from durable_agent import checks  # noqa: F401  (registers the system checks)
+
+        # Each installed app's agents.py and lanes.py register at import, as admin.py does.
+        autodiscover_modules("agents", "lanes")

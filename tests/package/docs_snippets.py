@@ -36,7 +36,7 @@ def first_agent_settings() -> str:
 def first_agent_files() -> dict[str, str]:
     """The files of the ``billing`` app the guide writes (``# billing/<name>.py`` blocks)."""
     guide = ROOT / "docs" / "first-agent.md"
-    return {name: block(guide, starts=f"# billing/{name}") for name in ("agents.py", "apps.py")}
+    return {name: block(guide, starts=f"# billing/{name}") for name in ("agents.py",)}
 
 
 def first_agent_submit() -> str:
