@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,7 +61,8 @@ class Violation:
 @dataclass
 class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    framework_atomics: set[int] = field(default_factory=set)
+    # the test framework's own atomic blocks (weakly: a freed block's id may be reused)
+    framework_atomics: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     # connection id -> tables locked so far in its current transaction, since its last host
     held: dict[int, list[str]] = field(default_factory=dict)
     # connection id -> the host id of the last state row its current transaction locked
@@ -137,7 +139,7 @@ def _transaction_key(db: Any) -> int | None:
     """The connection's id while a test-opened transaction runs on it, else None."""
     blocks = getattr(db, "atomic_blocks", [])
     base = 0
-    while base < len(blocks) and id(blocks[base]) in _state.framework_atomics:
+    while base < len(blocks) and blocks[base] in _state.framework_atomics:
         base += 1
     return id(db) if len(blocks) > base else None
 
@@ -202,7 +204,7 @@ def install() -> None:
 
     def framework_atomics(cls: type[testcases.TestCase]) -> Any:
         atomics = enter_atomics(cls)
-        _state.framework_atomics.update(id(a) for a in atomics.values())
+        _state.framework_atomics.update(atomics.values())
         return atomics
 
     CursorWrapper.execute = checked_execute  # type: ignore[method-assign]
