@@ -376,29 +376,6 @@ class ReceiptOut(Schema):
     state: SubmissionStateName
 
 
-class SubmissionOut(Schema):
-    id: int
-    host: str
-    thread: str
-    sequence: int
-    agent: str
-    agent_version: str
-    idempotency_key: str
-    state: SubmissionStateName
-    outcome: OutcomeName | None
-    payload: Any
-    result: Any
-    error: Any
-    attempts: int
-    abort_requested_at: datetime | None
-    approval_reason: str | None
-    approved_at: datetime | None
-    lease_expires_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    settled_at: datetime | None
-
-
 class SubmissionSummaryOut(Schema):
     id: int
     host: str
@@ -415,6 +392,16 @@ class SubmissionSummaryOut(Schema):
     created_at: datetime
     updated_at: datetime
     settled_at: datetime | None
+
+
+class SubmissionOut(SubmissionSummaryOut):
+    """A summary with the payload, result, error and lease."""
+
+    payload: Any
+    result: Any
+    error: Any
+    approved_at: datetime | None
+    lease_expires_at: datetime | None
 
 
 class SubmissionPageOut(Schema):
