@@ -14,7 +14,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.peers.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 

@@ -55,6 +55,10 @@ class System:
         """Tasks the system itself reports as failed since the last ``clean``."""
         return 0
 
+    def drained(self) -> bool:
+        """Nothing of this system is left to run soon (checked before its workers stop)."""
+        return True
+
     # Processes ---------------------------------------------------------------------------
 
     def start(self, errors: str, log: Path) -> list[subprocess.Popen[bytes]]:
@@ -147,6 +151,19 @@ class DurableAgent(System):
         from django_q.models import Task
 
         return Task.objects.filter(success=False).count()
+
+    def drained(self) -> bool:
+        """No alarm delivery queued and no lane due within a minute (the commit scenario's
+        wake-ups are half an hour ahead): a later system's cluster must not run our passes."""
+        from datetime import timedelta
+
+        from django.utils import timezone
+        from django_q.models import OrmQ
+
+        from durable_agent.models import DueLane
+
+        soon = timezone.now() + timedelta(minutes=1)
+        return not OrmQ.objects.exists() and not DueLane.objects.filter(due_at__lte=soon).exists()
 
 
 class DjangoQ(System):
@@ -313,9 +330,7 @@ class DjangoTasks(System):
 
     def commands(self) -> list[list[str]]:
         return [
-            _manage(
-                "db_worker", "--interval", "0.1", "--no-reload", "--worker-id", f"h_peers_{i}"
-            )
+            _manage("db_worker", "--interval", "0.1", "--no-reload", "--worker-id", f"h_peers_{i}")
             for i in range(2)
         ]
 

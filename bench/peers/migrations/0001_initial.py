@@ -5,32 +5,40 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Write',
+            name="Write",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('system', models.CharField(max_length=16)),
-                ('n', models.IntegerField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("system", models.CharField(max_length=16)),
+                ("n", models.IntegerField()),
             ],
         ),
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('system', models.CharField(max_length=16)),
-                ('key', models.CharField(max_length=64)),
-                ('started', models.FloatField()),
-                ('at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("system", models.CharField(max_length=16)),
+                ("key", models.CharField(max_length=64)),
+                ("started", models.FloatField()),
+                ("at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
             options={
-                'indexes': [models.Index(fields=['system', 'key'], name='peers_run_system_key')],
+                "indexes": [models.Index(fields=["system", "key"], name="peers_run_system_key")],
             },
         ),
     ]
