@@ -84,6 +84,13 @@ def _clear(system: System, outcome: Outcome) -> None:
     outcome.errors["ran after its scenario ended"] += late
 
 
+def _done(system: System) -> None:
+    """Delete the rows just counted."""
+    from bench.peers.models import Run
+
+    Run.objects.filter(system=system.system).delete()
+
+
 def lateness(system: System, run: int, count: int, spread: float, patience: float) -> Outcome:
     """``count`` timers evenly over ``spread`` seconds: task start minus deadline (ms)."""
     from django.utils import timezone
@@ -103,6 +110,7 @@ def lateness(system: System, run: int, count: int, spread: float, patience: floa
         first.setdefault(key, started)
     values = [(first[key] - deadlines[key].timestamp()) * 1000 for key in keys if key in first]
     outcome.figures = {"p50": percentile(values, 50), "p99": percentile(values, 99)}
+    _done(system)
     return outcome
 
 
@@ -125,6 +133,7 @@ def burst(system: System, run: int, count: int, patience: float) -> Outcome:
         last = max(at for _, _, at in rows)
         seconds = (last - due).total_seconds()
         outcome.figures = {"rate": len(done) / seconds, "seconds": seconds}
+    _done(system)
     return outcome
 
 
