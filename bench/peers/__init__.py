@@ -1,0 +1,1 @@
+"""``python -m bench.peers``: durable_agent side by side with other task systems."""

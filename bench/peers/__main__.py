@@ -1,0 +1,208 @@
+"""Side by side with the peers: durable_agent and five other ways to run a task at a time.
+
+    python -m bench.peers [--runs 3] [--only NAME ...] [--timers 500] [--spread 20]
+                          [--burst 1000] [--commit-ops 300] [--scenarios lateness burst commit]
+
+One invocation, one machine, one PostgreSQL database (``BENCH_DATABASE_URL``, dropped and
+created afresh); every system with two workers and its recommended settings
+(``bench/peers/systems.py``). Celery needs Redis (``BENCH_REDIS_URL``, default
+``redis://127.0.0.1:6379/7``) and is skipped, with the reason printed, when none answers.
+
+Each system in turn: the commit scenario with no worker running, then its workers start and
+run ``--runs`` rounds of the lateness and burst scenarios, then stop. Each cell is the median
+of the runs. Every error is counted and shown (a timer that never ran, ran twice, a task the
+system reports as failed, an ERROR logged by a worker process, a worker that died); nothing is
+retried. Shorter: ``--runs 1``, ``--only``, fewer ``--timers``/``--burst``, ``--spread 10``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.peers.settings")
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+from bench.common import machine, setup, table, wait_for
+from bench.peers import scenarios
+from bench.peers.systems import FACTORIES, DurableAgent, System, build
+
+# How long past its deadline a timer may take before it counts as missing. django-q's stock
+# scheduler scans every ~30 s, so it gets more.
+PATIENCE = {"dq-stock": 90.0}
+DEFAULT_PATIENCE = 60.0
+
+
+class Column:
+    """One system's results over all runs."""
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+        self.figures: dict[str, list[float]] = {}
+        self.errors: Counter[str] = Counter()
+        self.notes: list[str] = []
+        self.skipped: str | None = None
+
+    def add(self, scenario: str, outcome: scenarios.Outcome) -> None:
+        for name, value in outcome.figures.items():
+            self.figures.setdefault(f"{scenario} {name}", []).append(value)
+        self.errors.update(outcome.errors)
+        self.notes += [f"{scenario}: {note}" for note in outcome.notes]
+
+    def median(self, name: str) -> float | None:
+        values = self.figures.get(name)
+        return statistics.median(values) if values else None
+
+
+def warm_up(system: System) -> bool:
+    """Run two timers due now and wait for both: the workers are up and connected."""
+    from django.utils import timezone
+
+    from bench.peers.models import Run
+
+    keys = ["w-0", "w-1"]
+    if isinstance(system, DurableAgent):
+        system.prepare(keys)
+    due = timezone.now() + timedelta(milliseconds=200)
+    for key in keys:
+        system.arm(key, due)
+    runs = Run.objects.filter(system=system.system, key__in=keys)
+    ready = wait_for(lambda: runs.count() >= len(keys), timeout=120, interval=0.2)
+    time.sleep(scenarios.SETTLE)
+    runs.delete()
+    return ready
+
+
+def run_system(column: Column, args: argparse.Namespace, logs: Path) -> None:
+    from bench import faults
+    from bench.peers.models import Run
+
+    system = column.system
+    reason = system.unavailable()
+    if reason:
+        column.skipped = reason
+        print(f"{system.name}: skipped: {reason}", flush=True)
+        return
+    system.clean()
+    if "commit" in args.scenarios:
+        for run in range(args.runs):
+            column.add("commit", scenarios.commit(system, run, args.commit_ops))
+        system.clean()  # the wake-ups scheduled an hour ahead must not reach the workers
+    live = [name for name in ("lateness", "burst") if name in args.scenarios]
+    if not live:
+        return
+    errors = tempfile.mkdtemp(prefix="bench-peers-")
+    processes = system.start(errors, logs / f"{system.name}.log")
+    patience = PATIENCE.get(system.name, DEFAULT_PATIENCE)
+    try:
+        if not warm_up(system):
+            column.errors["workers never ran a task"] += 1
+            return
+        for run in range(args.runs):
+            if "lateness" in live:
+                outcome = scenarios.lateness(system, run, args.timers, args.spread, patience)
+                column.add("lateness", outcome)
+            if "burst" in live:
+                column.add("burst", scenarios.burst(system, run, args.burst, patience))
+            print(f"{system.name}: run {run + 1} of {args.runs} done", flush=True)
+    finally:
+        if not wait_for(system.drained, timeout=DEFAULT_PATIENCE, interval=0.5):
+            column.notes.append(
+                f"work still queued or due {DEFAULT_PATIENCE:g} s after the last run"
+            )
+        for problem in System.stop(processes):
+            column.errors["worker process"] += 1
+            column.notes.append(problem)
+        time.sleep(scenarios.SETTLE)
+        late = Run.objects.filter(system=system.system).delete()[0]
+        column.errors["ran after its scenario ended"] += late
+        column.errors["failed (as the system reports)"] += system.failures()
+        recorded = faults.read(errors)
+        column.errors["ERROR logged by a worker"] += len(recorded)
+        for row in recorded[:3]:
+            column.notes.append(f"{row['source']}: {row['kind']}: {row['message'][-300:]}")
+        shutil.rmtree(errors, ignore_errors=True)
+        system.clean()
+
+
+def render(columns: list[Column], args: argparse.Namespace) -> None:
+    def cell(column: Column, name: str, fmt: str) -> str:
+        if column.skipped:
+            return "skipped"
+        value = column.median(name)
+        return "n/a" if value is None else fmt.format(value)
+
+    def errors(column: Column) -> str:
+        if column.skipped:
+            return "skipped"
+        total = sum(column.errors.values())
+        if not total:
+            return "0"
+        parts = ", ".join(f"{n} {kind}" for kind, n in sorted(column.errors.items()) if n)
+        return f"**{total}** ({parts})"
+
+    rows = [
+        (
+            f"lateness p50 ms ({args.timers} timers over {args.spread:g} s)",
+            "lateness p50",
+            "{:.0f}",
+        ),
+        ("lateness p99 ms", "lateness p99", "{:.0f}"),
+        (f"burst: {args.burst} due at once, tasks/s", "burst rate", "{:.0f}"),
+        ("commit + wake-up / bare, p50 (durable_agent: new host)", "commit new ratio", "{:.2f}x"),
+        ("durable_agent: an earlier wake-up", "commit earlier ratio", "{:.2f}x"),
+        ("durable_agent: a later wake-up (coalesces)", "commit later ratio", "{:.2f}x"),
+        ("bare transaction p50 ms", "commit bare ms", "{:.2f}"),
+    ]
+    body = [[label] + [cell(c, name, fmt) for c in columns] for label, name, fmt in rows]
+    body.append(["errors"] + [errors(c) for c in columns])
+    table(
+        f"Side by side, 2 workers each, median of {args.runs} run(s) ({machine()})",
+        ["scenario"] + [c.system.name for c in columns],
+        body,
+    )
+    for column in columns:
+        if column.skipped:
+            print(f"- {column.system.name}: skipped: {column.skipped}")
+        for note in dict.fromkeys(column.notes):
+            print(f"- {column.system.name}: {note}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", nargs="+", choices=list(FACTORIES), default=list(FACTORIES))
+    parser.add_argument("--timers", type=int, default=500)
+    parser.add_argument("--spread", type=float, default=20.0)
+    parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--commit-ops", type=int, default=300)
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        choices=["lateness", "burst", "commit"],
+        default=["lateness", "burst", "commit"],
+    )
+    args = parser.parse_args()
+    started = time.monotonic()
+    setup()
+    logs = Path(tempfile.mkdtemp(prefix="bench-peers-logs-"))
+    columns = [Column(system) for system in build(args.only)]
+    # durable_agent runs last: any of its alarms still armed would be fired (and its hosts
+    # swept) by the django-q2 columns' clusters, which share its Schedule table.
+    for column in sorted(columns, key=lambda c: isinstance(c.system, DurableAgent)):
+        began = time.monotonic()
+        run_system(column, args, logs)
+        print(f"{column.system.name}: {time.monotonic() - began:.0f} s", flush=True)
+    render(columns, args)
+    print(f"\ntotal {time.monotonic() - started:.0f} s; worker logs in {logs}")
+
+
+if __name__ == "__main__":
+    main()
