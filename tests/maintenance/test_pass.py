@@ -402,6 +402,26 @@ def test_lane__an_overrun_fails_the_pass(
     assert DueLane.objects.get(host=host, lane="slow").due_at is not None
 
 
+def test_lane__an_inline_wave_sees_cancelled_after_its_allowance_and_a_second(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    seen: list[bool] = []
+
+    def slow(ctx):  # type: ignore[no-untyped-def]
+        seen.append(ctx.cancelled())
+        clock.advance(ms=1_010)
+        seen.append(ctx.cancelled())
+        clock.advance(ms=1)
+        seen.append(ctx.cancelled())
+
+    lanes.register("slow", slow, allowance_ms=10)
+    run_pass(host)  # the first pass stores the registry key: the next is caught up
+    gate.schedule(host, "slow", clock.now())
+    with pytest.raises(AlarmError, match="exceeded its allowance"):
+        run_pass(host)  # its one wave runs on the pass's thread (the short path)
+    assert seen == [False, True, True]
+
+
 def test_lane__producing_lanes_are_not_run(
     host: Host, clock: FakeClock, runtime: ScriptedRuntime
 ) -> None:
