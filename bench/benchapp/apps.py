@@ -17,6 +17,14 @@ class BenchConfig(AppConfig):
         from durable_agent import lanes
 
         lanes.register("bench", lambda ctx: None)
+        lanes.register("burst", _burst)
+
+
+def _burst(ctx: object) -> None:
+    """The burst lane (bench/burst.py): one row per wave, the work the bench waits for."""
+    from bench.benchapp.models import Fact
+
+    Fact.objects.create(host_id=ctx.host.pk)  # type: ignore[attr-defined]
 
 
 def noop(*args: object) -> None:

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agent import clock, conf, observability, signals
-from durable_agent.errors import AlarmError, PassFailed
+from durable_agent.errors import AlarmError, LaneNotRegistered, PassFailed
 from durable_agent.maintenance import backoff, failpoints, lane_registry, lease
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry, retry_deadline
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
@@ -29,14 +29,21 @@ from durable_agent.maintenance.lane_ids import (
     RECOVERY_EVENTS,
     public_lane_name,
 )
+from durable_agent.maintenance.lane_registry import LaneContext, LaneSpec
 from durable_agent.maintenance.native import NativeResult, NativeStep, Started
 from durable_agent.maintenance.transactions import resolve_host_id, run_alarm_transaction
 from durable_agent.maintenance.waves import (
     Executor,
     Observation,
+    OverrunFlag,
     admissible,
     arm_within_lease,
+    charge_in,
+    complete_in,
+    complete_wave,
     join,
+    observe_claim,
+    run_claimed,
     run_wave,
     validate_lanes,
 )
@@ -215,7 +222,15 @@ def _run_pass(host: Host | str | int, *, deadline: datetime | None, guard: bool)
         None if deadline is None else int((started_at - deadline) / timedelta(milliseconds=1))
     )
     observed = Observation()
-    begun = _begin(ref, observed, get_runtime(), fired_for=deadline if guard else None)
+    begun = _begin(
+        ref,
+        observed,
+        get_runtime(),
+        fired_for=deadline if guard else None,
+        started_at=started_at,
+        deadline=deadline,
+        lateness=lateness,
+    )
     host_obj = begun.host
     taken = begun.lease
     if isinstance(taken, lease.Stale):
@@ -229,11 +244,19 @@ def _run_pass(host: Host | str | int, *, deadline: datetime | None, guard: bool)
         report = PassReport(host=host_obj.key, phase=PassPhase.BUSY.value, lateness_ms=lateness)
         _record(host_obj, started_at, report, deadline=deadline)
         return report
+    if begun.finished is not None:  # Note [Nothing or one wave to run]
+        return _recorded(host_obj, started_at, begun.finished, begun.parked)
     released = False
     try:
         with lease.heartbeat(taken):
             try:
                 failpoints.hit("maintenance:begin:after")
+                if begun.wave is not None:
+                    finished, parked = _one_wave(
+                        host_obj, started_at, observed, begun, taken, deadline, lateness
+                    )
+                    released = True
+                    return _recorded(host_obj, started_at, finished, parked)
                 result, phase, recovered, settled = _run_event(
                     host_obj, started_at, observed, begun
                 )
@@ -275,6 +298,15 @@ def _run_pass(host: Host | str | int, *, deadline: datetime | None, guard: bool)
     return report
 
 
+def _recorded(host: Host, started_at: datetime, report: PassReport, parked: bool) -> PassReport:
+    """After a pass whose last transaction also wrote its ``PassRecord``."""
+    failpoints.hit("maintenance:finish:after")
+    if parked:
+        report_parked(host.pk)
+    observability.pass_recorded(host, report, started_at=started_at, error=None)
+    return report
+
+
 def _host(host: Host | str | int) -> Host:
     if isinstance(host, Host) and host.pk is not None:
         return host
@@ -295,32 +327,45 @@ def _record(
     error: BaseException | None = None,
 ) -> None:
     try:
-        record = PassRecord.objects.create(
-            host=host,
-            started_at=started_at,
-            finished_at=clock.now(),
-            phase=report.phase,
-            recovered=report.recovered,
-            settled=report.settled,
-            alarm=report.alarm,
-            generation=report.generation,
-            error="" if error is None else f"{type(error).__name__}: {error}"[:2000],
-            deadline=deadline,
-            lateness_ms=report.lateness_ms,
-        )
-        keep = conf.pass_history()
-        if record.pk % 20 == host.pk % 20 or keep < 20:  # about every 20th pass of each host
-            cutoff = (
-                PassRecord.objects.filter(host=host)
-                .order_by("-started_at", "-id")
-                .values_list("id", flat=True)[keep : keep + 1]
-            )
-            boundary = list(cutoff)
-            if boundary:
-                PassRecord.objects.filter(host=host, id__lte=boundary[0]).delete()
+        _write_record(host, started_at, report, deadline=deadline, error=error)
     except Exception:
         logger.exception("Recording a pass failed", extra=log_extra(host, action="record_pass"))
     observability.pass_recorded(host, report, started_at=started_at, error=error)
+
+
+def _write_record(
+    host: Host,
+    started_at: datetime,
+    report: PassReport,
+    *,
+    deadline: datetime | None,
+    error: BaseException | None = None,
+) -> None:
+    """Insert the pass's ``PassRecord``; about every 20th pass of a host also prunes its
+    history to ``PASS_HISTORY`` rows."""
+    record = PassRecord.objects.create(
+        host=host,
+        started_at=started_at,
+        finished_at=clock.now(),
+        phase=report.phase,
+        recovered=report.recovered,
+        settled=report.settled,
+        alarm=report.alarm,
+        generation=report.generation,
+        error="" if error is None else f"{type(error).__name__}: {error}"[:2000],
+        deadline=deadline,
+        lateness_ms=report.lateness_ms,
+    )
+    keep = conf.pass_history()
+    if record.pk % 20 == host.pk % 20 or keep < 20:  # about every 20th pass of each host
+        cutoff = (
+            PassRecord.objects.filter(host=host)
+            .order_by("-started_at", "-id")
+            .values_list("id", flat=True)[keep : keep + 1]
+        )
+        boundary = list(cutoff)
+        if boundary:
+            PassRecord.objects.filter(host=host, id__lte=boundary[0]).delete()
 
 
 def _check_deadline(event_deadline: datetime) -> None:
@@ -395,6 +440,11 @@ class Begun:
     started: Started | None = None
     rows: list[Lane] = field(default_factory=list)
     producing: frozenset[str] = frozenset()
+    # Note [Nothing or one wave to run]: the one wave begin claimed, or the report of a pass
+    # begin already finished (and whether a parked lane waits for its notice).
+    wave: tuple[LaneSpec, Lane, datetime] | None = None
+    finished: PassReport | None = None
+    parked: bool = False
 
 
 @dataclass(frozen=True)
@@ -433,10 +483,19 @@ def _publication_barrier(
 
 
 def _begin(
-    host: Host | int, observed: Observation, runtime: Runtime, *, fired_for: datetime | None
+    host: Host | int,
+    observed: Observation,
+    runtime: Runtime,
+    *,
+    fired_for: datetime | None,
+    started_at: datetime,
+    deadline: datetime | None,
+    lateness: int | None,
 ) -> Begun:
     """Take the lease and ``begin_pass`` under the generation snapshot, in one short
-    transaction: charge the native lane once (docs/pass.md, step 1)."""
+    transaction: charge the native lane once (docs/pass.md, step 1). A caught-up pass with
+    nothing or one wave to run goes further in the same transaction (Note [Nothing or one
+    wave to run])."""
     failpoints.hit("maintenance:begin:before")
     now = clock.now()
 
@@ -462,6 +521,33 @@ def _begin(
         if active == 0 and native is not None:
             observed.available[NATIVE] = native.revision
         caught_up = Started(False, state.dirty, state.nonterminal, active)
+
+        def quick() -> Begun:
+            begun = Begun(taken, state.host, caught_up, queue.read(), producing)
+            plan = _plan(begun.rows, producing, now, started_at)
+            if plan is None:
+                return begun
+            if not isinstance(plan, tuple):  # NOTHING
+                lease.release_in(state, taken)
+                alarm, begun.parked = _settle_alarm(
+                    state, queue, checkpoint, observed.generation, None, active, now
+                )
+                begun.finished = PassReport(
+                    host=state.host.key,
+                    phase=PassPhase.CAUGHT_UP.value,
+                    nonterminal=caught_up.nonterminal,
+                    alarm=alarm,
+                    generation=observed.generation,
+                    lateness_ms=lateness,
+                )
+                _write_record(state.host, started_at, begun.finished, deadline=deadline)
+                return begun
+            spec, row = plan
+            claimed = charge_in(state, queue, checkpoint, row, now)
+            if claimed is not None:
+                begun.wave = (spec, claimed, now)
+            return begun
+
         if (
             state.processed >= state.dirty
             or retry_at > now
@@ -470,13 +556,13 @@ def _begin(
             or native.floor > now
             or (publication is not None and publication.parked)
         ):
-            return Begun(taken, state.host, caught_up, queue.read(), producing)
+            return quick()
         if observed.charged.get(NATIVE) == native.revision:
             charged: Lane | None = native
         else:
             charged = queue.claim(native, now, native=True)
         if charged is None:
-            return Begun(taken, state.host, caught_up, queue.read(), producing)
+            return quick()
         observed.queue[NATIVE] = charged
         observed.charged[NATIVE] = charged.revision
         arm_within_lease(state, queue, checkpoint, now)
@@ -485,7 +571,146 @@ def _begin(
         )
         return Begun(taken, state.host, started, queue.read(), producing)
 
-    return run_alarm_transaction(host, "begin maintenance pass", fn)
+    begun = run_alarm_transaction(host, "begin maintenance pass", fn)
+    if begun.wave is not None:
+        observe_claim(observed, begun.wave[1])
+    return begun
+
+
+# Note [Nothing or one wave to run]
+#     Most passes of a busy deployment find the host caught up (no native work) with nothing
+#     or one lane wave to run: a duplicate delivery, a host whose slot outlived its work, a
+#     host with one due outbox lane. Each transaction is a round trip per statement and a
+#     commit, and the pass's total is what a burst of due hosts is drained at, so such a pass
+#     does its steps in two transactions, or one, instead of four:
+#
+#     - nothing to run: the begin transaction also makes the finish decision (re-arm at the
+#       earliest lane deadline, or disarm) and writes the ``PassRecord``; no lease is taken
+#       (it would be released in the same commit), so the slot is written at most once;
+#     - one concurrent wave: the begin transaction also charges it (the claim and the slot
+#       within the lease, exactly what the wave's own charge transaction did, Note [Charge
+#       before fallible work]); the handler then runs on the pass's own thread, and one
+#       transaction completes the lane, releases the lease, makes the finish decision and
+#       writes the ``PassRecord``. A failing handler is completed with backoff in its own
+#       transaction and fails the pass as before (``rearm_failure``).
+#
+#     Anything else (the native step, a due or parked publication lane, a due after-native
+#     lane, several waves, a due lane without a handler) takes the general path. The
+#     failpoints keep their meaning: ``begin:before`` before the first transaction,
+#     ``begin:after`` and ``finish:before`` around the handler, ``finish:after`` after the last.
+
+NOTHING = "nothing"
+
+
+def _plan(
+    rows: list[Lane], producing: frozenset[str], now: datetime, started_at: datetime
+) -> str | tuple[LaneSpec, Lane] | None:
+    """What a caught-up pass has to run: ``NOTHING``, one concurrent wave, or None for the
+    general path (Note [Nothing or one wave to run])."""
+    try:
+        validate_lanes(rows)
+    except LaneNotRegistered:
+        return None  # the general path fails the pass
+    by_lane = {row.lane: row for row in rows}
+    publication = by_lane.get(PUBLICATION)
+    if publication is not None and (publication.due_at is not None or publication.parked):
+        return None  # the publication barrier
+    for registered in lane_registry.lanes():
+        found = by_lane.get(registered.lane)
+        if (
+            registered.phase == "after-native"
+            and found is not None
+            and found.due_at is not None
+            and found.due_at <= now
+            and registered.lane not in producing
+        ):
+            return None
+    waves: list[tuple[LaneSpec, Lane]] = []
+    for row in admissible(rows, producing, now):
+        found_spec = lane_registry.handler(row.lane)
+        if found_spec is not None and found_spec.phase == "concurrent":
+            waves.append((found_spec, row))
+    if not waves:
+        return NOTHING
+    if len(waves) > 1:
+        return None
+    spec, row = waves[0]
+    allowance = timedelta(milliseconds=spec.allowance_ms)
+    if now >= started_at + conf.yield_after() or now + allowance > started_at + (
+        conf.dispatch_until()
+    ):
+        return None
+    return spec, row
+
+
+def _one_wave(
+    host: Host,
+    started_at: datetime,
+    observed: Observation,
+    begun: Begun,
+    taken: lease.Lease,
+    deadline: datetime | None,
+    lateness: int | None,
+) -> tuple[PassReport, bool]:
+    """Run the wave begin claimed, then complete it and finish the pass in one transaction
+    (Note [Nothing or one wave to run])."""
+    assert begun.wave is not None
+    assert begun.started is not None
+    spec, claimed, charged_at = begun.wave
+    for row in begun.rows:
+        observed.queue.setdefault(row.lane, row)
+        if row.lane not in begun.producing:
+            observed.available.setdefault(row.lane, row.revision)
+    allowance = timedelta(milliseconds=spec.allowance_ms)
+    context = LaneContext(
+        host=host,
+        lane=spec.lane,
+        deadline=charged_at + allowance,
+        _cancelled=OverrunFlag(charged_at + allowance + timedelta(seconds=1)),
+    )
+    with observability.span(
+        "durable_agent.wave", host_key=host.key, host_id=host.pk, lane=spec.lane
+    ):
+        outcome, failure = run_claimed(spec.lane, lambda: spec.run(context), charged_at, allowance)
+    if failure is not None:
+        complete_wave(host, claimed, None, failure, observed)
+        raise failure
+    _check_deadline(started_at + conf.event_timeout())
+    failpoints.hit("maintenance:finish:before")
+    jitter = clock.random()
+    nonterminal = begun.started.nonterminal
+
+    def fn(
+        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
+    ) -> tuple[int | None, PassReport, bool]:
+        now = clock.now()
+        tickets = list(
+            MutationTicket.objects.filter(host_id=state.host_id)
+            .live(now=now)
+            .values_list("lanes", flat=True)
+        )
+        producing = frozenset(lane for lanes in tickets for lane in lanes)
+        revision = complete_in(queue, claimed, outcome, None, producing, jitter)
+        lease.release_in(state, taken)
+        alarm, parked = _settle_alarm(
+            state, queue, checkpoint, observed.generation, None, len(tickets), now
+        )
+        report = PassReport(
+            host=host.key,
+            phase=PassPhase.CAUGHT_UP.value,
+            nonterminal=nonterminal,
+            alarm=alarm,
+            generation=observed.generation,
+            lateness_ms=lateness,
+        )
+        _write_record(state.host, started_at, report, deadline=deadline)
+        return revision, report, parked
+
+    revision, report, parked = run_alarm_transaction(host, "finish maintenance event", fn)
+    if revision is not None:
+        with observed.lock:
+            observed.available[claimed.lane] = revision
+    return report, parked
 
 
 def _admit_waves(
@@ -631,31 +856,47 @@ def _finish(
 
     def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> tuple[str, bool]:
         lease.release_in(state, taken)
-        parked = any(row.parked and not row.reported for row in queue.read())
         now = clock.now()
-        delay = conf.minimum_alarm_delay()
         active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
-        if active > 0 or state.dirty > state.processed:
-            retry_at = retry_deadline(state)
-            if retry_at is not None and active == 0:
-                native: datetime | None = max(now + delay, retry_at)
-            elif state.dirty == observed.generation and active == 0:
-                native = result.next_at or now + delay
-            else:
-                native = now + delay
-        else:
-            native = None
-        queue.checkpoint_native(native)
-        earliest = queue.next()
-        if earliest is not None:
-            checkpoint.at(max(now + delay, earliest))
-            return "rearmed", parked
-        checkpoint.cancel()
-        return "cleared", parked
+        return _settle_alarm(
+            state, queue, checkpoint, observed.generation, result.next_at, active, now
+        )
 
     disposition = run_alarm_transaction(host, "finish maintenance event", fn)
     failpoints.hit("maintenance:finish:after")
     return disposition
+
+
+def _settle_alarm(
+    state: MaintenanceState,
+    queue: DueQueue,
+    checkpoint: Checkpoint,
+    generation: int | None,
+    next_at: datetime | None,
+    active: int,
+    now: datetime,
+) -> tuple[str, bool]:
+    """The finish decision inside an alarm transaction: ``rearmed`` or ``cleared``, and whether
+    a parked lane waits for its notice (docs/pass.md, step 4)."""
+    parked = any(row.parked and not row.reported for row in queue.read())
+    delay = conf.minimum_alarm_delay()
+    if active > 0 or state.dirty > state.processed:
+        retry_at = retry_deadline(state)
+        if retry_at is not None and active == 0:
+            native: datetime | None = max(now + delay, retry_at)
+        elif state.dirty == generation and active == 0:
+            native = next_at or now + delay
+        else:
+            native = now + delay
+    else:
+        native = None
+    queue.checkpoint_native(native)
+    earliest = queue.next()
+    if earliest is not None:
+        checkpoint.at(max(now + delay, earliest))
+        return "rearmed", parked
+    checkpoint.cancel()
+    return "cleared", parked
 
 
 def rearm_failure(host: Host, observed: Observation) -> None:

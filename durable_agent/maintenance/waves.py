@@ -232,6 +232,19 @@ def _close_runner() -> None:
     runner.executor.shutdown(wait=True)
 
 
+class OverrunFlag(threading.Event):
+    """The cancellation flag of a wave the pass runs on its own thread: set by hand, or by
+    itself once the clock passes ``limit`` (when a pass running its waves on the pool stops
+    waiting for one, see :func:`join`), so ``ctx.cancelled()`` means the same either way."""
+
+    def __init__(self, limit: datetime) -> None:
+        super().__init__()
+        self._limit = limit
+
+    def is_set(self) -> bool:
+        return super().is_set() or clock.now() >= self._limit
+
+
 def validate_lanes(rows: list[Lane]) -> None:
     """Every due row needs a handler (the native lane is the pass itself)."""
     for row in rows:
@@ -256,49 +269,91 @@ def run_queued(
     now = clock.now()
 
     def charge(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Lane | None:
-        claimed = queue.claim(row, now)
-        arm_within_lease(state, queue, checkpoint, now)
-        return claimed
+        return charge_in(state, queue, checkpoint, row, now)
 
     claimed = run_alarm_transaction(host, "charge maintenance attempt", charge)
     if claimed is None:
         return False, None
+    observe_claim(observed, claimed)
+    outcome, failure = run_claimed(row.lane, work, now, allowance)
+    complete_wave(host, claimed, outcome, failure, observed)
+    if failure is not None:
+        raise failure
+    return True, outcome
+
+
+def charge_in(
+    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, row: Lane, now: datetime
+) -> Lane | None:
+    """Claim ``row`` and arm the slot within the lease, inside an alarm transaction (Note
+    [Charge before fallible work]); None when the lane moved or is not due."""
+    claimed = queue.claim(row, now)
+    arm_within_lease(state, queue, checkpoint, now)
+    return claimed
+
+
+def observe_claim(observed: Observation, claimed: Lane) -> None:
+    """Remember a committed claim (``rearm_failure`` must not charge the lane twice)."""
     with observed.lock:
-        observed.charged[row.lane] = claimed.revision
-        observed.queue[row.lane] = claimed
-        observed.available[row.lane] = claimed.revision
-    failure: BaseException | None = None
-    outcome: datetime | None = None
+        observed.charged[claimed.lane] = claimed.revision
+        observed.queue[claimed.lane] = claimed
+        observed.available[claimed.lane] = claimed.revision
+
+
+def run_claimed(
+    lane: str, work: Callable[[], datetime | None], started: datetime, allowance: timedelta | None
+) -> tuple[datetime | None, BaseException | None]:
+    """Run a claimed wave's ``work`` outside every lock: (its next deadline, its failure)."""
     try:
         outcome = work()
-        if allowance is not None and clock.now() - now > allowance:
-            raise AlarmError("host dispatch allowance", ALLOWANCE_MESSAGE, lane=row.lane)
+        if allowance is not None and clock.now() - started > allowance:
+            raise AlarmError("host dispatch allowance", ALLOWANCE_MESSAGE, lane=lane)
     except BaseException as exc:
-        failure = exc
+        return None, exc
+    return outcome, None
+
+
+def complete_in(
+    queue: DueQueue,
+    claimed: Lane,
+    outcome: datetime | None,
+    failure: BaseException | None,
+    producing: frozenset[str],
+    jitter: float,
+) -> int | None:
+    """Complete a claimed wave inside an alarm transaction: its revision afterwards, or None
+    when a producer raced it (a live ticket enrolls the lane, or the revision moved)."""
+    if claimed.lane in producing:
+        return None  # a producer between enrollment and commit: never acknowledge
+    current = queue.find(claimed.lane)
+    if current is None or current.revision != claimed.revision:
+        return None  # a racing producer keeps its newer revision due
+    due = (
+        clock.now() + timedelta(milliseconds=backoff.backoff_delay_ms(claimed.stalls, jitter))
+        if failure is not None
+        else outcome
+    )
+    done = queue.complete(claimed, due)
+    return None if done is None else done.revision
+
+
+def complete_wave(
+    host: Host,
+    claimed: Lane,
+    outcome: datetime | None,
+    failure: BaseException | None,
+    observed: Observation,
+) -> None:
+    """Complete a claimed wave in its own alarm transaction (backing it off after a failure)."""
     jitter = clock.random()
 
     def complete(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> int | None:
-        if row.lane in gate.active_lanes(host):
-            return None  # a producer between enrollment and commit: never acknowledge
-        current = queue.find(row.lane)
-        if current is None or current.revision != claimed.revision:
-            return None  # a racing producer keeps its newer revision due
-        later = clock.now()
-        due = (
-            later + timedelta(milliseconds=backoff.backoff_delay_ms(claimed.stalls, jitter))
-            if failure is not None
-            else outcome
-        )
-        done = queue.complete(claimed, due)
-        return None if done is None else done.revision
+        return complete_in(queue, claimed, outcome, failure, gate.active_lanes(host), jitter)
 
     revision = run_alarm_transaction(host, "complete maintenance wave", complete)
     if revision is not None:
         with observed.lock:
-            observed.available[row.lane] = revision
-    if failure is not None:
-        raise failure
-    return True, outcome
+            observed.available[claimed.lane] = revision
 
 
 def arm_within_lease(

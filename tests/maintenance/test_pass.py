@@ -11,7 +11,14 @@ from django.test.utils import CaptureQueriesContext
 
 from durable_agent import lanes
 from durable_agent.errors import AlarmError, LaneNotRegistered
-from durable_agent.maintenance import alarm, ensure_alarm, failpoints, gate, run_pass
+from durable_agent.maintenance import (
+    alarm,
+    ensure_alarm,
+    failpoints,
+    gate,
+    run_alarm_transaction,
+    run_pass,
+)
 from durable_agent.maintenance.due_queue import EPOCH
 from durable_agent.maintenance.lane_ids import NATIVE, RECOVERY_EVENTS
 from durable_agent.models import (
@@ -74,20 +81,76 @@ def test_pass__caught_up_when_nothing_is_dirty(
     assert runtime.calls == []  # no ledger scan, no recovery, no attempt
 
 
+def statements(queries: CaptureQueriesContext) -> tuple[list[str], int]:
+    """The statements captured, without the savepoints the test's own transaction adds, and
+    the number of transactions (savepoints) they ran in."""
+    sql = [q["sql"] for q in queries.captured_queries]
+    transactions = sum(1 for q in sql if q.startswith("SAVEPOINT"))
+    return [q for q in sql if "SAVEPOINT" not in q], transactions
+
+
 @pytest.mark.parametrize("ledger", [10, 1000])
-def test_pass__caught_up_path_makes_a_constant_number_of_queries(
-    host: Host, clock: FakeClock, runtime: ScriptedRuntime, ledger: int
+@pytest.mark.parametrize("armed", [False, True])
+def test_pass__caught_up_path_is_one_transaction_of_at_most_five_statements(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime, ledger: int, armed: bool
 ) -> None:
     for i in range(ledger):  # suspended heads: stable waits the pass acknowledges
         runtime.submit(host, f"t{i}", state="suspended", admit=i == 0)
     run_pass(host)
     assert generations(host)[0] == generations(host)[1]
+    if armed:  # a slot that outlived its work (a repair, a duplicate): disarmed exactly once
+        alarm.rearm(host, at=clock.now() + S)
     runtime.calls.clear()
     with CaptureQueriesContext(connection) as queries:
         report = run_pass(host)
-    assert report.phase == "caught-up"
+    assert (report.phase, report.alarm) == ("caught-up", "cleared")
     assert runtime.calls == []
-    assert len(queries) == 15, "\n".join(q["sql"] for q in queries.captured_queries)
+    sql, transactions = statements(queries)
+    # Lock the state, read the lanes with the slot, read the tickets, (disarm), record.
+    assert (transactions, len(sql)) == (1, 5 if armed else 4), "\n".join(sql)
+    assert sum(1 for q in sql if q.startswith('UPDATE "django_q_schedule"')) == int(armed)
+    assert not any(q.startswith('UPDATE "durable_agent_maintenancestate"') for q in sql)
+    assert alarm.scheduled(host) is None
+
+
+def test_pass__one_due_wave_runs_in_two_transactions(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    ran: list[str] = []
+    lanes.register("outbox", lambda ctx: ran.append(ctx.lane))
+    run_pass(host)  # the first pass stores the registry key
+    gate.schedule(host, "outbox", clock.now())
+    with CaptureQueriesContext(connection) as queries:
+        report = run_pass(host)
+    assert ran == ["outbox"]
+    assert (report.phase, report.alarm) == ("caught-up", "cleared")
+    sql, transactions = statements(queries)
+    # begin (lease, claim, slot within the lease), then complete + finish + record.
+    assert (transactions, len(sql)) == (2, 13), "\n".join(sql)
+    assert DueLane.objects.get(host=host, lane="outbox").state == "idle"
+    assert alarm.scheduled(host) is None
+    assert PassRecord.objects.filter(host=host, phase="caught-up").count() == 1
+
+
+def test_pass__a_caught_up_pass_of_a_dirty_host_keeps_its_slot_armed(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    # Port decision P12: no path leaves a dirty host with a disarmed slot. A durable native
+    # backoff makes the pass caught up while the host is dirty.
+    run_pass(host)  # the first pass stores the registry key
+
+    def backoff(state, queue, checkpoint):  # type: ignore[no-untyped-def]
+        state.dirty += 1
+        state.retry_generation = state.dirty
+        state.retry_not_before = clock.now() + 5 * S
+        state.retry_native_only = True
+        state.retry_stalls = 1
+        queue.checkpoint_native(clock.now() + 5 * S)
+
+    run_alarm_transaction(host, "test backoff", backoff)
+    report = run_pass(host)
+    assert (report.phase, report.alarm) == ("caught-up", "rearmed")
+    assert alarm.scheduled(host) == clock.now() + 5 * S
 
 
 def test_pass__fifo_one_attempt_per_pass_on_a_single_thread_host(
@@ -337,6 +400,26 @@ def test_lane__an_overrun_fails_the_pass(
     with pytest.raises(AlarmError, match="exceeded its allowance"):
         run_pass(host)
     assert DueLane.objects.get(host=host, lane="slow").due_at is not None
+
+
+def test_lane__an_inline_wave_sees_cancelled_after_its_allowance_and_a_second(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    seen: list[bool] = []
+
+    def slow(ctx):  # type: ignore[no-untyped-def]
+        seen.append(ctx.cancelled())
+        clock.advance(ms=1_010)
+        seen.append(ctx.cancelled())
+        clock.advance(ms=1)
+        seen.append(ctx.cancelled())
+
+    lanes.register("slow", slow, allowance_ms=10)
+    run_pass(host)  # the first pass stores the registry key: the next is caught up
+    gate.schedule(host, "slow", clock.now())
+    with pytest.raises(AlarmError, match="exceeded its allowance"):
+        run_pass(host)  # its one wave runs on the pass's thread (the short path)
+    assert seen == [False, True, True]
 
 
 def test_lane__producing_lanes_are_not_run(

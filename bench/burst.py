@@ -1,0 +1,141 @@
+"""Burst drain: every host's lane due at the same instant, drained by a live 2-worker cluster.
+
+    python -m bench.burst [--hosts 1000] [--runs 3] [--workers 2] [--lead 3]
+
+``--hosts`` hosts, each caught up by its first-use pass, get one ``burst`` host lane (its
+handler inserts one ``Fact`` row) scheduled with ``gate.schedule`` for the same instant, a few
+seconds (``--lead``) ahead, while the cluster (the example project's settings: ``AlarmBroker``,
+``bulk`` 4, persistent connections with health checks) is already running. Measured from the
+due instant until every handler row is inserted, no slot is armed and the broker queue is
+empty: hosts per second. The lateness columns come from the ``PassRecord`` rows (pass start
+minus the deadline) and from the handler rows (handler start minus the deadline). The median
+run by rate is printed, with every run's rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import time
+from datetime import timedelta
+from typing import Any
+
+from bench.common import cluster, machine, reset, setup, summary, table, wait_for
+
+
+def run(hosts: int, workers: int, lead: float, profile: str | None = None) -> list[Any]:
+    from django.utils import timezone
+    from django_q.models import OrmQ, Schedule
+
+    from bench.benchapp.models import Fact
+    from bench.lateness import prepare
+    from durable_agent.maintenance import gate
+    from durable_agent.models import Host, PassRecord
+
+    reset()
+    Fact.objects.all().delete()
+    host_ids = prepare(hosts)
+    slots = list(Host.objects.exclude(alarm=None).values_list("alarm_id", flat=True))
+
+    def drained() -> bool:
+        if Fact.objects.count() < hosts:
+            return False
+        armed = Schedule.objects.filter(pk__in=slots).exclude(repeats=0).exists()
+        return not armed and not OrmQ.objects.exists()
+
+    with cluster(fast=True, workers=workers) as process:
+        time.sleep(4)  # let the cluster start
+        due = timezone.now() + timedelta(seconds=lead + 0.03 * hosts)
+        for host_id in host_ids:
+            gate.schedule(host_id, "burst", due)
+        if timezone.now() >= due:
+            raise SystemExit("arming took longer than the lead; raise --lead")
+        spy = None if profile is None else py_spy(process.pid, profile)
+        wait_for(lambda: timezone.now() >= due, timeout=lead + 0.03 * hosts + 5, interval=0.005)
+        done = wait_for(drained, timeout=300, interval=0.02)
+        seconds = (timezone.now() - due).total_seconds()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its flame graph on SIGINT
+            spy.wait(timeout=60)
+    rows = Fact.objects.count()
+    pass_late = [
+        float(v)
+        for v in PassRecord.objects.exclude(lateness_ms=None).values_list("lateness_ms", flat=True)
+    ]
+    rows_at = Fact.objects.values_list("created_at", flat=True)
+    handler_late = [(at - due).total_seconds() * 1000 for at in rows_at]
+    p, h = summary(pass_late), summary(handler_late)
+    first = PassRecord.objects.order_by("started_at").values_list("started_at", flat=True).first()
+    first_ms = float("nan") if first is None else (first - due).total_seconds() * 1000
+    # Pass start -> handler start, per pass (the handler row's time minus its pass's start).
+    starts = dict(PassRecord.objects.values_list("host_id", "started_at"))
+    to_handler = [
+        (at - starts[host_id]).total_seconds() * 1000
+        for host_id, at in Fact.objects.values_list("host_id", "created_at")
+        if host_id in starts
+    ]
+    return [
+        hosts,
+        rows,
+        "yes" if done else "no",
+        seconds,
+        hosts / seconds,
+        first_ms,
+        p["p50"],
+        summary(to_handler)["p50"],
+        h["p50"],
+        h["max"],
+    ]
+
+
+def py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
+    """Sample the cluster (every process, idle threads too) until stopped: ``--profile
+    out.svg`` (a flame graph) or ``out.txt`` (collapsed stacks)."""
+    kind = "raw" if output.endswith(".txt") else "flamegraph"
+    command = ["py-spy", "record", "--subprocesses", "--idle", "-r", "200", "-f", kind]
+    return subprocess.Popen(
+        [*command, "-o", output, "-p", str(pid)],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--lead", type=float, default=3.0)
+    parser.add_argument("--profile", help="py-spy flame graph of the cluster (first run)")
+    args = parser.parse_args()
+    setup()
+    runs = sorted(
+        (
+            run(args.hosts, args.workers, args.lead, args.profile if i == 0 else None)
+            for i in range(args.runs)
+        ),
+        key=lambda row: float(row[4]),
+    )
+    rates = ", ".join(f"{float(row[4]):.0f}" for row in runs)
+    table(
+        f"Burst drain, {args.hosts} host lanes due at one instant, {args.workers} workers, "
+        f"median of {args.runs} ({machine()})",
+        [
+            "hosts",
+            "handler rows",
+            "drained",
+            "seconds",
+            "hosts per second",
+            "first pass ms",
+            "pass start p50 ms",
+            "pass to handler p50 ms",
+            "handler row p50 ms",
+            "handler row max ms",
+            "all runs /s",
+        ],
+        [[*runs[len(runs) // 2], rates]],
+    )
+
+
+if __name__ == "__main__":
+    main()
