@@ -1,0 +1,55 @@
+"""``AlarmRedisBroker``: the alarm fast path on django-q2's Redis broker (needs ``redis``).
+
+The slots stay ``Schedule`` rows in the database and fire as with ``AlarmBroker`` (Note [Wake
+at the deadline] in ``durable_agent/broker.py``); only the tasks travel through Redis::
+
+    Q_CLUSTER = {..., "orm": "default", "redis": "redis://127.0.0.1:6379/0",
+                 "broker_class": "durable_agent.redis_broker.AlarmRedisBroker"}
+
+Two differences from django-q2's own Redis broker:
+
+- The task a firing enqueues for this cluster never goes through Redis: it is handed to this
+  cluster's workers when django-q's scheduler transaction commits, so a rolled-back firing
+  delivers nothing. A crash between that commit and a worker taking the task loses it (as a
+  crash after a stock Redis pop does); the backstop sweep re-arms the host within a minute.
+- The pusher takes tasks with a non-blocking ``LPOP`` and waits on the alarm listener between
+  looks (at most ``poll``), instead of blocking in ``BLPOP`` for a second: a task enqueued
+  elsewhere waits up to ``poll`` for the pusher, as with the ORM broker.
+
+Redis has no visibility timeout: a task whose worker dies is not redelivered. The alarm task is
+fenced and the sweep re-arms a host whose slot was consumed by a lost task, so nothing is lost,
+but the host waits for the sweep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_q.brokers.redis_broker import Redis
+from django_q.conf import Conf
+
+from durable_agent.broker import AlarmFiring
+
+
+class AlarmRedisBroker(AlarmFiring, Redis):  # type: ignore[misc]
+    """django-q2's Redis broker plus the fast path (Note [Wake at the deadline])."""
+
+    def __init__(self, list_key: str | None = None) -> None:
+        super().__init__(list_key=list_key)
+        self._init_firing()
+
+    def enqueue(self, task: Any) -> Any:
+        """Outside a firing, django-q's push. A firing's task goes to this cluster's pusher
+        when the scheduler's transaction commits, without a round trip through Redis."""
+        if not self._firing:
+            return super().enqueue(task)
+        self._on_commit(lambda: self._fired.append((None, task)))
+        return None
+
+    def claim_fired(self) -> Any:
+        fired, self._fired = self._fired, []
+        return fired
+
+    def ready_tasks(self) -> Any:
+        tasks = self.connection.lpop(self.list_key, Conf.BULK)
+        return [(None, task) for task in tasks] if tasks else None
