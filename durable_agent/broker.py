@@ -108,10 +108,11 @@ class AlarmFiring:
         reconnects) the probe runs every 0.1 s and a slot armed closer than that fires at the
         next probe. After a firing the loop probes again at once, so alarms due close together
         each fire on time; a slot the scheduler could not fire (it logs why and rolls back) is
-        retried at the probe rate, never in a tight loop. The task a firing enqueues for this
-        cluster is handed to the pusher in the same dequeue, once the scheduler's transaction
-        commits, without another query: the ORM broker inserts its row already claimed, the
-        Redis broker never pushes it.
+        retried at the probe rate, never in a tight loop. The tasks a firing enqueues for this
+        cluster (up to ``bulk`` of them; more are queued for every cluster) are handed to the
+        pusher in the same dequeue, once the scheduler's transaction commits, without another
+        query: the ORM broker inserts their rows already claimed, the Redis broker never pushes
+        them.
     """
 
     probe_interval = PROBE_INTERVAL
@@ -125,6 +126,7 @@ class AlarmFiring:
         self.due_at: datetime | None = None
         self._fired: list[Any] = []
         self._firing = False
+        self._kept = 0
         self.listener: AlarmListener | None = None
         self._listener_checked = False
 
@@ -174,6 +176,15 @@ class AlarmFiring:
     def ready_tasks(self) -> Any:
         raise NotImplementedError
 
+    def _keep_fired(self) -> bool:
+        """Whether the task being enqueued goes to this cluster's own workers: during a firing,
+        the first ``bulk`` of its tasks (what one dequeue takes); the others are queued for
+        every cluster, so a burst is shared out rather than held by the cluster that fired it."""
+        if not self._firing or self._kept >= Conf.BULK:
+            return False
+        self._kept += 1
+        return True
+
     def _on_commit(self, callback: Any) -> None:
         """Run ``callback`` when the firing's transaction (django-q's scheduler) commits."""
         transaction.on_commit(callback, using=router.db_for_write(Schedule))
@@ -221,6 +232,7 @@ class AlarmFiring:
             stuck = first == self._last_fired  # the last firing left this very slot armed
             self.due_at = None
             self._fired = []
+            self._kept = 0
             self._firing = True
             try:
                 scheduler(broker=self)
@@ -260,10 +272,11 @@ class AlarmBroker(AlarmFiring, ORM):  # type: ignore[misc]
         self._init_firing()
 
     def enqueue(self, task: Any) -> Any:
-        """Outside a firing, django-q's enqueue. A firing's task is inserted already claimed
-        by this cluster (its lock at ``now + retry``, as a dequeue would set it) and handed to
-        the pusher when the scheduler's transaction commits (Note [Wake at the deadline])."""
-        if not self._firing:
+        """django-q's enqueue, but a task this cluster keeps (``_keep_fired``) is inserted
+        already claimed by it (its lock at ``now + retry``, as a dequeue would set it) and
+        handed to the pusher when the scheduler's transaction commits (Note [Wake at the
+        deadline])."""
+        if not self._keep_fired():
             return super().enqueue(task)
         row = OrmQ.objects.using(Conf.ORM).create(
             key=self.list_key or Conf.CLUSTER_NAME, payload=task, lock=self.timeout(None)

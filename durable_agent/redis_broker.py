@@ -8,10 +8,11 @@ at the deadline] in ``durable_agent/broker.py``); only the tasks travel through 
 
 Two differences from django-q2's own Redis broker:
 
-- The task a firing enqueues for this cluster never goes through Redis: it is handed to this
-  cluster's workers when django-q's scheduler transaction commits, so a rolled-back firing
-  delivers nothing. A crash between that commit and a worker taking the task loses it (as a
-  crash after a stock Redis pop does); the backstop sweep re-arms the host within a minute.
+- The tasks a firing enqueues are pushed when django-q's scheduler transaction commits, so a
+  rolled-back firing delivers nothing; the first ``bulk`` of them never go through Redis: they
+  are handed to the firing cluster's own workers. A crash between that commit and a worker
+  taking such a task loses it (as a crash after a stock Redis pop does); the backstop sweep
+  re-arms the host within a minute.
 - The pusher takes tasks with a non-blocking ``LPOP`` and waits on the alarm listener between
   looks (at most ``poll``), instead of blocking in ``BLPOP`` for a second: a task enqueued
   elsewhere waits up to ``poll`` for the pusher, as with the ORM broker.
@@ -39,11 +40,14 @@ class AlarmRedisBroker(AlarmFiring, Redis):  # type: ignore[misc]
         self._init_firing()
 
     def enqueue(self, task: Any) -> Any:
-        """Outside a firing, django-q's push. A firing's task goes to this cluster's pusher
-        when the scheduler's transaction commits, without a round trip through Redis."""
+        """django-q's push; during a firing, at its commit, and a task this cluster keeps
+        (``_keep_fired``) goes to this cluster's pusher without a round trip through Redis."""
         if not self._firing:
             return super().enqueue(task)
-        self._on_commit(lambda: self._fired.append((None, task)))
+        if self._keep_fired():
+            self._on_commit(lambda: self._fired.append((None, task)))
+        else:
+            self._on_commit(lambda: Redis.enqueue(self, task))
         return None
 
     def claim_fired(self) -> Any:

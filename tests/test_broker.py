@@ -128,6 +128,30 @@ def test_dequeue__hands_over_the_fired_task_in_the_same_call(db: None) -> None:
     assert broker.ready_tasks() == []
 
 
+def test_dequeue__a_burst_keeps_bulk_tasks_and_queues_the_rest_for_every_cluster(
+    db: None,
+) -> None:
+    from django_q.conf import Conf
+
+    count = Conf.BULK + 2
+    for i in range(count):
+        host = Host.objects.create(key=f"burst-{i}")
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, timezone.now())
+    Schedule.objects.update(next_run=timezone.now() - timedelta(seconds=1))
+    broker = AlarmBroker()
+    broker.listen = False
+    broker._next_sweep = float("inf")
+    kept = broker.dequeue()  # one firing enqueues every due slot
+    assert OrmQ.objects.count() == count
+    assert len(kept) == Conf.BULK
+    others = AlarmBroker().ready_tasks()  # another cluster's dequeue takes the rest
+    assert len(others) == count - Conf.BULK
+    assert {pk for pk, _ in kept} | {pk for pk, _ in others} == set(
+        OrmQ.objects.values_list("pk", flat=True)
+    )
+
+
 def test_dequeue__a_rolled_back_firing_hands_over_nothing(
     db: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
