@@ -92,9 +92,8 @@ class AlarmFiring:
     """The firing loop shared by the alarm brokers (mixed into a django-q broker class).
 
     A subclass provides ``ready_tasks()`` (claim what is queued, never waiting) and
-    ``claim_fired()`` (the tasks the last firing enqueued, once committed); ``dequeue()`` is
-    built here.
-    The broker's ``__init__`` calls ``_init_firing()``.
+    ``claim_fired()`` (the tasks the last firing enqueued, once committed), and calls
+    ``_init_firing()`` from its ``__init__``; ``dequeue()`` is built here.
 
     Note [Wake at the deadline]
         The loop keeps ``due_at``, the earliest armed deadline it knows of, learnt from the
