@@ -114,8 +114,12 @@ def machine() -> str:
 
 
 @contextmanager
-def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen[str]]:
+def cluster(
+    *, fast: bool = True, workers: int = 2, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
     """A live ``manage.py qcluster`` subprocess on the bench database; stopped with SIGTERM.
+
+    ``env`` adds to (or overrides) the cluster's environment, e.g. ``Q_BROKER_CLASS``.
 
     The cluster records its errors (failed tasks, ERROR log records; bench/faults.py): a
     benchmark injects no faults, so any error ends the benchmark with a non-zero exit.
@@ -133,6 +137,7 @@ def cluster(*, fast: bool = True, workers: int = 2) -> Iterator[subprocess.Popen
         "Q_BROKER_CLASS": "durable_agent.broker.AlarmBroker" if fast else "",
         "BENCH_ERROR_DIR": errors,
         "SOAK_SOURCE": "cluster",
+        **(env or {}),
     }
     log = open(ROOT / "bench" / "qcluster.log", "a")  # noqa: SIM115  (closed below)
     process = subprocess.Popen(

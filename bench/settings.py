@@ -28,6 +28,10 @@ Q_CLUSTER = recommended_q_cluster(
     broker_class=Q_CLUSTER.get("broker_class"),
     save_limit=int(os.environ.get("Q_SAVE_LIMIT", RECOMMENDED_Q_CLUSTER["save_limit"])),
 )
+if os.environ.get("Q_REDIS"):  # bench/lateness.py --broker redis
+    Q_CLUSTER["redis"] = os.environ["Q_REDIS"]
+if os.environ.get("Q_NAME"):  # a cluster name of its own (a shared Redis, bench/clusters.py)
+    Q_CLUSTER["name"] = os.environ["Q_NAME"]
 DEBUG = False
 LOGGING = {
     "version": 1,

@@ -1,22 +1,25 @@
-"""A django-q ORM broker that fires due alarm slots within ~0.1 s (the fast path).
+"""django-q brokers that fire due alarm slots within milliseconds (the fast path).
 
 django-q2's own scheduler scans the ``Schedule`` table only every ~30 s, inside the cluster's
-sentinel. This broker keeps that scan as the backstop and adds a cheap probe to the pusher's
-dequeue loop: at most every ``PROBE_INTERVAL`` seconds it asks whether any armed schedule is
-due (an index-only lookup on the partial index ``da_schedule_armed_next_run``) and, when one
-is, calls django-q's stock ``scheduler()`` at once. Firing semantics (ONCE / repeats, the
-``deadline`` kwarg, the transactional enqueue) stay django-q's own.
+sentinel. These brokers keep that scan as the backstop and run the firing loop in the pusher's
+dequeue (Note [Wake at the deadline]): they learn of due slots from a PostgreSQL notification
+(``durable_agent/alarm_listener.py``, migration 0009's trigger) and from a cheap probe (the
+earliest armed ``next_run``, an index-only lookup on the partial index
+``da_schedule_armed_next_run``), and call django-q's stock ``scheduler()`` at the deadline.
+Firing semantics (ONCE / repeats, the ``deadline`` kwarg, the transactional enqueue) stay
+django-q's own. The task the firing enqueued is handed to this cluster's workers at once.
 
 Enable it in settings::
 
     Q_CLUSTER = {..., "orm": "default", "poll": 0.05,
                  "broker_class": "durable_agent.broker.AlarmBroker"}
 
-Cost: one index probe (the earliest armed ``next_run``) per probe interval per cluster (10
-queries/s at 0.1 s); a slot due before the next probe is waited for and fired on time (Note
-[Wake at the deadline]),
-plus the backstop sweep (``durable_agent.tasks.sweep``, three indexed queries, then one batch of
-retention deletes per pruned table) once a minute.
+or, with django-q2's Redis broker carrying the tasks (the slots stay in the database),
+``"broker_class": "durable_agent.redis_broker.AlarmRedisBroker"`` and ``"redis": ...``.
+
+Cost per cluster: on PostgreSQL one probe a second and one dedicated LISTEN connection; on
+other databases one probe every 0.1 s; the backstop sweep (``durable_agent.tasks.sweep``, three
+indexed queries, then one batch of retention deletes per pruned table) once a minute.
 
 It also makes a cluster stop when SIGTERM reaches its whole process group or cgroup (Note
 [SIGTERM to the group]).
@@ -34,17 +37,21 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
+from django.db import router, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
-from django_q.models import Schedule
+from django_q.models import OrmQ, Schedule
 from django_q.scheduler import scheduler
 from django_q.signals import post_spawn
 
+from durable_agent.alarm_listener import AlarmListener, Wake
+
 logger = logging.getLogger("durable_agent.broker")
 
-PROBE_INTERVAL = 0.1
+PROBE_INTERVAL = 0.1  # without notifications (SQLite, or the listener is down)
+LISTENING_PROBE_INTERVAL = 1.0  # with them: the trigger covers the next 2 s
 
 
 def _mine() -> Q:
@@ -53,6 +60,12 @@ def _mine() -> Q:
     if Conf.CLUSTER_NAME == Conf.PREFIX:
         mine |= Q(cluster__isnull=True)
     return mine
+
+
+def _is_mine(wake: Wake) -> bool:
+    if wake.cluster is None:
+        return bool(Conf.CLUSTER_NAME == Conf.PREFIX)
+    return bool(wake.cluster == Conf.CLUSTER_NAME)
 
 
 def next_armed_run() -> datetime | None:
@@ -75,27 +88,108 @@ def earliest_armed() -> Any:
     )
 
 
-class AlarmBroker(ORM):  # type: ignore[misc]
-    """The ORM broker plus a due-slot probe that runs django-q's scheduler promptly."""
+class AlarmFiring:
+    """The firing loop shared by the alarm brokers (mixed into a django-q broker class).
+
+    A subclass provides ``ready_tasks()`` (claim what is queued, never waiting) and
+    ``claim_fired()`` (the tasks the last firing enqueued, once committed), and calls
+    ``_init_firing()`` from its ``__init__``; ``dequeue()`` is built here.
+
+    Note [Wake at the deadline]
+        The loop keeps ``due_at``, the earliest armed deadline it knows of, learnt from the
+        probe (every ``probe_interval``) or from a notification. Whenever the queue is empty it
+        waits on the listener (or sleeps, without one) no longer than the broker's ``poll``,
+        the next probe, and ``due_at`` plus a millisecond (django-q fires ``next_run < now``),
+        so a known slot fires within milliseconds of its deadline and a slot armed for "now"
+        within milliseconds of its commit. On PostgreSQL the trigger of migration 0009 notifies
+        every slot armed at most 2 s ahead, and the probe runs once a second to find the
+        others before they are due; without notifications (SQLite, or while the listener
+        reconnects) the probe runs every 0.1 s and a slot armed closer than that fires at the
+        next probe. After a firing the loop probes again at once, so alarms due close together
+        each fire on time; a slot the scheduler could not fire (it logs why and rolls back) is
+        retried at the probe rate, never in a tight loop. The tasks a firing enqueues for this
+        cluster (up to ``bulk`` of them; more are queued for every cluster) are handed to the
+        pusher in the same dequeue, once the scheduler's transaction commits, without another
+        query: the ORM broker inserts their rows already claimed, the Redis broker never pushes
+        them.
+    """
 
     probe_interval = PROBE_INTERVAL
+    listening_probe_interval = LISTENING_PROBE_INTERVAL
+    listen = True  # a subclass or a test may turn the listener off
 
-    def __init__(self, list_key: str | None = None) -> None:
-        super().__init__(list_key=list_key)
+    def _init_firing(self) -> None:
         self._next_probe = 0.0
         self._last_fired: datetime | None = None
         self._next_sweep = 0.0  # once at start: a restarted cluster re-arms lost alarms first
+        self.due_at: datetime | None = None
+        self._fired: list[Any] = []
+        self._firing = False
+        self._kept = 0
+        self.listener: AlarmListener | None = None
+        self._listener_checked = False
+
+    def __setstate__(self, state: Any) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        self._init_firing()
+
+    # -- the listener ------------------------------------------------------------------------
+
+    def _listener(self) -> AlarmListener | None:
+        """The listener, created on first use on PostgreSQL (None elsewhere)."""
+        if not self._listener_checked:
+            self._listener_checked = True
+            from django.db import connections
+
+            alias = router.db_for_write(Schedule)
+            if self.listen and connections[alias].vendor == "postgresql":
+                self.listener = AlarmListener(alias)
+        return self.listener
+
+    def current_probe_interval(self) -> float:
+        listener = self._listener()
+        if listener is not None and listener.connected:
+            return self.listening_probe_interval
+        return self.probe_interval
 
     def ping(self) -> bool:
         """django-q's sentinel pings its broker first thing; see Note [SIGTERM to the group]."""
         if _in_sentinel():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        return bool(super().ping())
+        return bool(super().ping())  # type: ignore[misc]
+
+    # -- the loop ----------------------------------------------------------------------------
 
     def dequeue(self) -> Any:
-        self.fire_due_alarms()
         self.sweep_if_due()
-        return super().dequeue()
+        if self.fire_due_alarms():
+            fired = self.claim_fired()
+            if fired:
+                return fired
+        tasks = self.ready_tasks()
+        if tasks:
+            return tasks
+        self.wait(float(Conf.POLL))
+        return None
+
+    def ready_tasks(self) -> Any:
+        raise NotImplementedError
+
+    def _keep_fired(self) -> bool:
+        """Whether the task being enqueued goes to this cluster's own workers: during a firing,
+        the first ``bulk`` of its tasks (what one dequeue takes); the others are queued for
+        every cluster, so a burst is shared out rather than held by the cluster that fired it."""
+        if not self._firing or self._kept >= Conf.BULK:
+            return False
+        self._kept += 1
+        return True
+
+    def _on_commit(self, callback: Any) -> None:
+        """Run ``callback`` when the firing's transaction (django-q's scheduler) commits."""
+        transaction.on_commit(callback, using=router.db_for_write(Schedule))
+
+    def claim_fired(self) -> Any:
+        raise NotImplementedError
 
     def sweep_if_due(self) -> bool:
         """Run the backstop sweep (``durable_agent.tasks.sweep``) when the cluster starts and then
@@ -115,35 +209,34 @@ class AlarmBroker(ORM):  # type: ignore[misc]
             return False
         return True
 
-    def fire_due_alarms(self) -> bool:
-        """Probe (rate-limited) and run the scheduler when a slot is due; True if it ran.
+    def _learn(self, due: datetime | None) -> None:
+        if due is not None and (self.due_at is None or due < self.due_at):
+            self.due_at = due
 
-        Note [Wake at the deadline]
-            The probe reads the earliest armed ``next_run``. A slot due before the next probe
-            is waited for here, to the millisecond, and fired at once, so an alarm armed more
-            than one probe interval ahead fires within milliseconds of its deadline; one armed
-            closer than that fires at the next probe (at most ``probe_interval`` late). The
-            wait never exceeds one probe interval, so the pusher's dequeue is delayed no more
-            than by one ordinary poll. After a firing the next dequeue probes again at once, so
-            alarms due close together each fire on time instead of one probe interval apart;
-            a slot the scheduler could not fire (it logs why and rolls back) is retried at the
-            probe rate, never in a tight loop.
-        """
+    def probe(self) -> None:
+        """Read the earliest armed deadline into ``due_at`` (rate-limited by the probe interval)."""
         now = time.monotonic()
         if now < self._next_probe:
-            return False
-        self._next_probe = now + self.probe_interval
+            return
+        self._next_probe = now + self.current_probe_interval()
+        self.due_at = next_armed_run()
+
+    def fire_due_alarms(self) -> bool:
+        """Probe (rate-limited) and run the scheduler when a slot is due; True if it ran."""
         try:
-            first = next_armed_run()
-            if first is None:
-                return False
-            wait = (first - timezone.now()).total_seconds()
-            if wait >= self.probe_interval:
+            self.probe()
+            first = self.due_at
+            if first is None or first >= timezone.now():
                 return False
             stuck = first == self._last_fired  # the last firing left this very slot armed
-            if wait >= 0:  # django-q fires ``next_run < now``: wake just past the deadline
-                time.sleep(wait + 0.001)
-            scheduler(broker=self)
+            self.due_at = None
+            self._fired = []
+            self._kept = 0
+            self._firing = True
+            try:
+                scheduler(broker=self)
+            finally:
+                self._firing = False
             self._last_fired = first
             if not stuck:  # while slots keep coming due, look again at once
                 self._next_probe = 0.0
@@ -151,6 +244,59 @@ class AlarmBroker(ORM):  # type: ignore[misc]
             logger.exception("Firing due alarm slots failed")
             return False
         return True
+
+    def wait(self, poll: float) -> None:
+        """Idle until the poll ends, the next probe, the known deadline or a notification."""
+        now = time.monotonic()
+        timeout = min(poll, max(0.0, self._next_probe - now))
+        if self.due_at is not None:
+            until_due = (self.due_at - timezone.now()).total_seconds() + 0.001
+            timeout = min(timeout, max(0.0, until_due))
+        listener = self._listener()
+        if listener is None:
+            time.sleep(timeout)
+            return
+        for wake in listener.wait(timeout):
+            if wake.due is None:  # (re)connected: whatever was notified meanwhile is lost
+                self._next_probe = 0.0
+            elif _is_mine(wake):
+                self._learn(wake.due)
+
+
+class AlarmBroker(AlarmFiring, ORM):  # type: ignore[misc]
+    """The ORM broker plus the fast path (Note [Wake at the deadline])."""
+
+    def __init__(self, list_key: str | None = None) -> None:
+        super().__init__(list_key=list_key)
+        self._init_firing()
+
+    def enqueue(self, task: Any) -> Any:
+        """django-q's enqueue, but a task this cluster keeps (``_keep_fired``) is inserted
+        already claimed by it (its lock at ``now + retry``, as a dequeue would set it) and
+        handed to the pusher when the scheduler's transaction commits (Note [Wake at the
+        deadline])."""
+        if not self._keep_fired():
+            return super().enqueue(task)
+        row = OrmQ.objects.using(Conf.ORM).create(
+            key=self.list_key or Conf.CLUSTER_NAME, payload=task, lock=self.timeout(None)
+        )
+        self._on_commit(lambda: self._fired.append((row.pk, task)))
+        return row.pk
+
+    def claim_fired(self) -> list[tuple[Any, Any]]:
+        fired, self._fired = self._fired, []
+        return fired
+
+    def ready_tasks(self) -> list[tuple[Any, Any]]:
+        """The ORM broker's dequeue without its idle sleep."""
+        queue = self.get_connection()
+        now = timezone.now()
+        rows = list(queue.filter(key=self.list_key, lock__lt=now)[: Conf.BULK])
+        return [
+            (row.pk, row.payload)
+            for row in rows
+            if queue.filter(pk=row.pk, lock=row.lock).update(lock=self.timeout(row))
+        ]
 
 
 # Note [SIGTERM to the group]

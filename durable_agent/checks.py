@@ -225,13 +225,13 @@ def check_project(
 def _is_alarm_broker(path: object) -> bool:
     if not isinstance(path, str) or not path:
         return False
-    from durable_agent.broker import AlarmBroker
+    from durable_agent.broker import AlarmFiring
 
     try:
         broker = import_string(path)
     except ImportError:
         return False
-    return isinstance(broker, type) and issubclass(broker, AlarmBroker)
+    return isinstance(broker, type) and issubclass(broker, AlarmFiring)
 
 
 def _sweep_scheduled(databases: Any) -> bool:

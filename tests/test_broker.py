@@ -14,7 +14,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
-from durable_agent.broker import AlarmBroker, earliest_armed, next_armed_run
+from durable_agent import alarm_listener
+from durable_agent.alarm_listener import AlarmListener, Wake
+from durable_agent.broker import PROBE_INTERVAL, AlarmBroker, earliest_armed, next_armed_run
 from durable_agent.maintenance import alarm, gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE
 from durable_agent.models import Host, PassRecord
@@ -48,16 +50,31 @@ def test_probe__runs_the_scheduler_only_when_a_slot_is_due(db: None) -> None:
         assert alarm.scheduled(host) is None
 
 
+def fire_when_due(broker: AlarmBroker) -> bool:
+    """Run the broker's loop (without dequeueing) until it fires; False after 20 idle waits."""
+    for _ in range(20):
+        if broker.fire_due_alarms():
+            return True
+        broker.wait(1.0)
+    return False
+
+
 def test_probe__a_slot_due_before_the_next_probe_is_waited_for_and_fired(db: None) -> None:
     host = Host.objects.create(key="soon")
     caught_up(host)
     broker = AlarmBroker()
+    broker.listen = False
     broker.probe_interval = 5.0  # a long interval: the wait must come from the slot's time
     deadline = timezone.now() + timedelta(milliseconds=200)
     gate.schedule(host, LIFECYCLE, deadline)
     assert next_armed_run() == deadline
+    assert broker.fire_due_alarms() is False  # probed: known, not due yet
+    assert broker.due_at == deadline
+    before = time.monotonic()
+    broker.wait(5.0)  # ends at the deadline, not after the poll or the probe interval
+    assert time.monotonic() - before < 2.5
+    assert timezone.now() > deadline
     assert broker.fire_due_alarms() is True
-    assert timezone.now() > deadline  # it fired after the deadline, not before
     assert OrmQ.objects.count() == 1
     assert Schedule.objects.get().repeats == 0
 
@@ -71,10 +88,11 @@ def test_probe__after_a_firing_it_looks_again_at_once_but_not_at_a_stuck_slot(
     caught_up(host)
     gate.schedule(host, LIFECYCLE, timezone.now())
     broker = AlarmBroker()
+    broker.listen = False
     broker.probe_interval = 60.0
     fired: list[int] = []
     monkeypatch.setattr(broker_module, "scheduler", lambda broker: fired.append(1))
-    assert broker.fire_due_alarms() is True  # the slot is due; this scheduler cannot fire it
+    assert fire_when_due(broker) is True  # the slot is due; this scheduler cannot fire it
     assert broker.fire_due_alarms() is True  # a firing: looked again at once
     assert broker.fire_due_alarms() is False  # the same slot again: back to the probe rate
     assert len(fired) == 2
@@ -86,10 +104,73 @@ def test_probe__after_a_firing_it_looks_again_at_once_but_not_at_a_stuck_slot(
     caught_up(other)
     gate.schedule(other, LIFECYCLE, timezone.now())
     broker._next_probe = 0.0
-    assert broker.fire_due_alarms() is True  # a new slot fires ...
+    assert fire_when_due(broker) is True  # a new slot fires ...
     assert OrmQ.objects.count() == 2
     assert broker._next_probe == 0.0  # ... and the next dequeue probes again at once
     assert broker.fire_due_alarms() is False  # nothing armed is left
+
+
+def test_dequeue__hands_over_the_fired_task_in_the_same_call(db: None) -> None:
+    host = Host.objects.create(key="handover")
+    caught_up(host)
+    gate.schedule(host, LIFECYCLE, timezone.now())
+    broker = AlarmBroker()
+    broker.listen = False
+    broker._next_sweep = float("inf")
+    tasks = None
+    for _ in range(20):
+        tasks = broker.dequeue()
+        if tasks:
+            break
+    row = OrmQ.objects.get()
+    assert tasks == [(row.pk, row.payload)]
+    assert row.lock > timezone.now()  # inserted claimed: no other pusher can take it
+    assert broker.ready_tasks() == []
+
+
+def test_dequeue__a_burst_keeps_bulk_tasks_and_queues_the_rest_for_every_cluster(
+    db: None,
+) -> None:
+    from django_q.conf import Conf
+
+    count = Conf.BULK + 2
+    for i in range(count):
+        host = Host.objects.create(key=f"burst-{i}")
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, timezone.now())
+    Schedule.objects.update(next_run=timezone.now() - timedelta(seconds=1))
+    broker = AlarmBroker()
+    broker.listen = False
+    broker._next_sweep = float("inf")
+    kept = broker.dequeue()  # one firing enqueues every due slot
+    assert OrmQ.objects.count() == count
+    assert len(kept) == Conf.BULK
+    others = AlarmBroker().ready_tasks()  # another cluster's dequeue takes the rest
+    assert len(others) == count - Conf.BULK
+    assert {pk for pk, _ in kept} | {pk for pk, _ in others} == set(
+        OrmQ.objects.values_list("pk", flat=True)
+    )
+
+
+def test_dequeue__a_rolled_back_firing_hands_over_nothing(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = Host.objects.create(key="rollback")
+    caught_up(host)
+    deadline = timezone.now() - timedelta(seconds=1)
+    gate.schedule(host, LIFECYCLE, timezone.now())
+    Schedule.objects.update(next_run=deadline)
+
+    def fail(self: Schedule, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the firing's transaction rolls back")
+
+    monkeypatch.setattr(Schedule, "save", fail)
+    broker = AlarmBroker()
+    broker.listen = False
+    assert broker.fire_due_alarms() is True  # django-q logged the failure and rolled back
+    assert broker.claim_fired() == []
+    assert OrmQ.objects.count() == 0
+    assert alarm.scheduled(host) == deadline  # still armed, for the next probe
 
 
 def test_probe__a_slot_due_after_the_next_probe_is_left_for_it(db: None) -> None:
@@ -186,3 +267,131 @@ def test_live_cluster__a_slot_armed_one_second_ahead_fires_its_pass() -> None:
     assert record.lateness_ms < 5_000, context  # well inside the stock scheduler's 30 s scan
     assert slot is None, context
     assert cluster.returncode == 0, output
+
+
+def _cluster(**env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url(), "Q_WORKERS": "2", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _stop(cluster: subprocess.Popen[str]) -> str:
+    cluster.send_signal(signal.SIGTERM)
+    try:
+        output, _ = cluster.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        cluster.kill()
+        output, _ = cluster.communicate()
+    return output
+
+
+def _listeners() -> list[int]:
+    """The backend pids LISTENing on the alarm channel in the test database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+            [f"LISTEN {alarm_listener.CHANNEL}"],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _await(predicate: object, timeout: float) -> bool:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)  # polling an observable condition
+    return bool(predicate())  # type: ignore[operator]
+
+
+@pytest.mark.postgres
+def test_live_cluster__an_alarm_armed_for_now_fires_on_its_notification() -> None:
+    """The cluster's broker probes only at its start: without the notification the alarm
+    would wait for django-q's own scan, which first runs 30 s after the start."""
+    host = Host.objects.create(key="now")
+    caught_up(host)
+    cluster = _cluster(Q_BROKER_CLASS="tests.brokers.NoProbeAlarmBroker")
+    armed_at, fired_at, record = None, None, None
+    try:
+        assert _await(lambda: len(_listeners()) == 1, 30), "the cluster never LISTENed"
+        time.sleep(0.5)  # let the start-up probe finish (it found nothing armed)
+        armed_at = time.monotonic()
+        gate.schedule(host, LIFECYCLE, timezone.now())
+
+        def fired() -> bool:
+            nonlocal record
+            record = PassRecord.objects.filter(host=host, deadline__isnull=False).first()
+            return record is not None
+
+        if _await(fired, 10):
+            fired_at = time.monotonic()
+    finally:
+        output = _stop(cluster)
+    assert record is not None, output
+    assert fired_at is not None, output
+    assert armed_at is not None
+    assert fired_at - armed_at < 2.0, output  # an hour's probe interval, a 30 s scan
+    assert cluster.returncode == 0, output
+
+
+@pytest.mark.postgres
+def test_listener__reconnects_after_its_backend_is_terminated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(alarm_listener, "RECONNECT_DELAY", 0.0)
+    listener = AlarmListener("default")
+    try:
+        assert listener.wait(0.0) == [Wake(None, None)]  # connected: a wake-up to probe
+        first = listener.backend_pid
+        assert first in _listeners()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first])
+        for _ in range(50):
+            if listener.wait(0.05) == [Wake(None, None)]:
+                break
+        assert listener.connections == 2
+        assert listener.backend_pid not in (None, first)
+        host = Host.objects.create(key="after")
+        caught_up(host)
+        deadline = timezone.now() + timedelta(seconds=1)
+        gate.schedule(host, LIFECYCLE, deadline)  # committed: notified to the new connection
+        assert listener.wait(10.0) == [Wake(None, deadline)]
+    finally:
+        listener.close()
+
+
+@pytest.mark.postgres
+def test_trigger__notifies_alarms_armed_near_now_only() -> None:
+    listener = AlarmListener("default")
+    try:
+        listener.wait(0.0)
+        host = Host.objects.create(key="far")
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, timezone.now() + timedelta(hours=1))
+        near = Host.objects.create(key="near")
+        caught_up(near)
+        deadline = timezone.now() + timedelta(milliseconds=500)
+        gate.schedule(near, LIFECYCLE, deadline)
+        wakes = listener.wait(10.0)
+        wakes += listener.wait(0.2)
+        assert wakes == [Wake(None, deadline)]  # the far one notified nobody
+    finally:
+        listener.close()
+
+
+def test_broker__listens_on_postgresql_only(db: None) -> None:
+    broker = AlarmBroker()
+    listener = broker._listener()
+    if connection.vendor == "postgresql":
+        assert isinstance(listener, AlarmListener)
+        return
+    assert listener is None  # SQLite: the 0.1 s probe alone, as before
+    assert broker.current_probe_interval() == PROBE_INTERVAL
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'")
+        assert cursor.fetchone()[0] == 0  # migration 0009 created nothing here
