@@ -17,6 +17,8 @@ Note [Buffered intent]
     tail. A nested ``gate.transaction`` is a child frame (a savepoint): its intent merges into
     the parent when it succeeds and is discarded when it fails. A raw ``transaction.atomic``
     between two frames, or around the outermost one, cannot own buffered intent and is refused.
+    On PostgreSQL the replay of usual intent is one call of a server-side function
+    (``commit_function.py``, Note [The commit function]).
 """
 
 from __future__ import annotations

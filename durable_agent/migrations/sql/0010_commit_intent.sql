@@ -83,9 +83,12 @@ BEGIN
         INSERT INTO durable_agent_maintenancestate (
             host_id, dirty, processed, nonterminal, recovery_event_sequence,
             recovery_event_acknowledged, updated_at
-        ) VALUES (p_host, 1, 0, 0, 0, 0, p_created) ON CONFLICT DO NOTHING;
-        SELECT * INTO v_state FROM durable_agent_maintenancestate
-            WHERE host_id = p_host FOR UPDATE;
+        ) VALUES (p_host, 1, 0, 0, 0, 0, p_created) ON CONFLICT DO NOTHING
+        RETURNING * INTO v_state;  -- our own uncommitted row: nobody else can lock it
+        IF NOT FOUND THEN  -- a concurrent first use inserted it: wait for it and lock it
+            SELECT * INTO v_state FROM durable_agent_maintenancestate
+                WHERE host_id = p_host FOR UPDATE;
+        END IF;
     END IF;
     IF v_state.dirty < 0 OR v_state.processed < 0 THEN
         RAISE EXCEPTION 'Maintenance generations must not be negative' USING ERRCODE = 'DA003';
