@@ -7,14 +7,17 @@
 --     six statements of run_alarm_transaction. It does what run_alarm_transaction,
 --     DueQueue.dirty, _keep_armed and apply_checkpoint do for that intent, in the same order:
 --
---     1. Lock the host's state row (creating it as dirty=1, processed=0 on first use).
+--     1. Lock the host's state row (creating it as dirty=1, processed=0 on first use); when
+--        the intent advances dirty or clears the durable native backoff (step 4), the UPDATE
+--        that writes it is the lock (FOR NO KEY UPDATE, which every FOR UPDATE waits for).
 --     2. Lock the host's lanes (ORDER BY lane, FOR UPDATE), then read the host and its slot
 --        in a later statement: Note [Read the slot after the lock] holds because a
 --        VOLATILE PL/pgSQL function takes a fresh snapshot for each statement.
 --     3. Write each changed lane with a revision compare-and-set, insert new lanes (the
 --        native lane is registered due at the epoch, as DueQueue.register does); a lost
 --        compare-and-set or insert raises SQLSTATE DA002 (RevisionConflict).
---     4. Advance dirty and clear the durable native backoff, as the progress ops asked.
+--     4. Advance dirty and clear the durable native backoff, as the progress ops asked (done
+--        by step 1's statement).
 --     5. Move the slot earlier to the wake time (create it, arm it, move it, or keep it when
 --        it already holds an earlier time) with the same Schedule fields apply_checkpoint
 --        writes, and point Host.alarm at a created slot.
@@ -72,25 +75,44 @@ DECLARE
     v_wake timestamptz;
     v_target timestamptz;
 BEGIN
-    -- 1. The state row, created on first use.
-    SELECT * INTO v_state FROM durable_agent_maintenancestate
-        WHERE host_id = p_host FOR UPDATE;
-    IF NOT FOUND THEN
+    -- 1 and 4. The state row, locked (created on first use) and, when the intent changes it,
+    -- written by the same statement: the UPDATE's row lock is the lock. A changed row gets
+    -- updated_at = p_now, as _flush_state does.
+    LOOP
+        IF p_dirty_bumps > 0 OR p_native_touched THEN
+            UPDATE durable_agent_maintenancestate
+                SET dirty = dirty + p_dirty_bumps,
+                    retry_generation = CASE WHEN p_native_touched THEN NULL ELSE retry_generation END,
+                    retry_not_before = CASE WHEN p_native_touched THEN NULL ELSE retry_not_before END,
+                    retry_native_only = CASE WHEN p_native_touched THEN NULL ELSE retry_native_only END,
+                    retry_stalls = CASE WHEN p_native_touched THEN NULL ELSE retry_stalls END,
+                    updated_at = CASE
+                        WHEN p_dirty_bumps > 0 OR retry_generation IS NOT NULL THEN p_now
+                        ELSE updated_at
+                    END
+                WHERE host_id = p_host
+                RETURNING * INTO v_state;
+        ELSE
+            SELECT * INTO v_state FROM durable_agent_maintenancestate
+                WHERE host_id = p_host FOR UPDATE;
+        END IF;
+        EXIT WHEN FOUND;
         PERFORM 1 FROM durable_agent_host WHERE id = p_host;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'No host with id %', p_host USING ERRCODE = 'DA001';
         END IF;
+        -- First use: dirty=1, processed=0, then the intent's bumps (retry fields start null).
         INSERT INTO durable_agent_maintenancestate (
             host_id, dirty, processed, nonterminal, recovery_event_sequence,
             recovery_event_acknowledged, updated_at
-        ) VALUES (p_host, 1, 0, 0, 0, 0, p_created) ON CONFLICT DO NOTHING
+        ) VALUES (
+            p_host, 1 + p_dirty_bumps, 0, 0, 0, 0,
+            CASE WHEN p_dirty_bumps > 0 THEN p_now ELSE p_created END
+        ) ON CONFLICT DO NOTHING
         RETURNING * INTO v_state;  -- our own uncommitted row: nobody else can lock it
-        IF NOT FOUND THEN  -- a concurrent first use inserted it: wait for it and lock it
-            SELECT * INTO v_state FROM durable_agent_maintenancestate
-                WHERE host_id = p_host FOR UPDATE;
-        END IF;
-    END IF;
-    IF v_state.dirty < 0 OR v_state.processed < 0 THEN
+        EXIT WHEN FOUND;  -- else a concurrent first use inserted it: lock it (loop again)
+    END LOOP;
+    IF v_state.dirty - p_dirty_bumps < 0 OR v_state.processed < 0 THEN
         RAISE EXCEPTION 'Maintenance generations must not be negative' USING ERRCODE = 'DA003';
     END IF;
 
@@ -175,18 +197,6 @@ BEGIN
         v_written := v_written + 1;
         v_earliest := LEAST(v_earliest, v_due);
     END LOOP;
-
-    -- 4. The generation and the durable native backoff.
-    IF p_dirty_bumps > 0 OR (p_native_touched AND v_state.retry_generation IS NOT NULL) THEN
-        UPDATE durable_agent_maintenancestate
-            SET dirty = dirty + p_dirty_bumps,
-                retry_generation = CASE WHEN p_native_touched THEN NULL ELSE retry_generation END,
-                retry_not_before = CASE WHEN p_native_touched THEN NULL ELSE retry_not_before END,
-                retry_native_only = CASE WHEN p_native_touched THEN NULL ELSE retry_native_only END,
-                retry_stalls = CASE WHEN p_native_touched THEN NULL ELSE retry_stalls END,
-                updated_at = p_now
-            WHERE host_id = p_host;
-    END IF;
 
     -- 5. The slot, read after the locks above.
     SELECT true, s.id, s.repeats, s.next_run
