@@ -1,22 +1,46 @@
-"""Gate overhead: one source insert through gate.transaction vs a bare transaction.atomic vs
-the same insert plus a django-q async_task in the same transaction.
+"""Gate overhead: a commit with wake-up through gate.transaction vs a bare transaction.atomic.
 
-    python -m bench.gate_overhead [--ops 2000] [--sections]
+    python -m bench.gate_overhead [--ops 2000] [--runs 3] [--sections]
 
-``--sections`` also times, inside ``gate.transaction``, the alarm transaction and its four
-statements (lock the state row, read the lanes with the host and slot, write the state, write
-the lanes): p50 per operation.
+Every variant writes one source row (a ``Fact``) in its own transaction. The gated variants
+also record native progress (``tx.record_progress([NATIVE])``: the host must be woken), in
+the cases that decide what the alarm transaction writes to the slot:
+
+- **new host**: a host's first wake-up: its state row, native lane and slot are created
+  (a fresh host per operation, created outside the timing);
+- **settled host**: nothing pending, the slot disarmed (as a finished pass leaves it; reset
+  outside the timing): the slot is armed;
+- **earlier**: the slot holds a later time (the lanes' next deadline in an hour; reset outside
+  the timing): the slot moves earlier;
+- **coalesces**: the slot already holds an earlier time: nothing to move.
+
+Each case runs on PostgreSQL through the commit function (Note [The commit function] in
+``durable_agent/migrations/sql/0010_commit_intent.sql``) and, for comparison in the same
+minute, through the Python path (``run_alarm_transaction``). The variants are interleaved.
+``--runs`` repeats the whole measurement and reports the median of the runs' percentiles.
+"statements" counts what Django sends, BEGIN and COMMIT included: one round trip each.
+
+A second table times the first commit on a new connection (as a process with
+``CONN_MAX_AGE=0`` makes every request), where PostgreSQL compiles the function first.
+
+``--sections`` also times the alarm transaction's parts per case: the commit function's one
+call, or run_alarm_transaction and its four statements (lock the state row, read the lanes
+with the host and slot, write the state, write the lanes): p50 per operation.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from bench.common import machine, reset, setup, summary, table
 
 SECTIONS = {
+    "commit function (one call)": ("durable_agent.maintenance.commit_function", "commit"),
     "run_alarm_transaction (all of it)": (
         "durable_agent.maintenance.transactions",
         "run_alarm_transaction",
@@ -26,14 +50,17 @@ SECTIONS = {
     "write the state": ("durable_agent.maintenance.transactions", "_flush_state"),
     "write the lanes": ("durable_agent.maintenance.due_queue", "DueQueue.flush"),
 }
+CASES = ("new host", "settled host", "earlier", "coalesces")
+PATHS = ("function", "python")
+NEW = "new connection:"
 
 
-def instrument() -> dict[str, list[float]]:
-    """Wrap the alarm transaction's sections with timers; return where they accumulate."""
+def instrument(current: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Wrap the alarm transaction's sections with timers, per variant (``current[0]``)."""
     import functools
     import importlib
 
-    timings: dict[str, list[float]] = {}
+    timings: dict[str, dict[str, list[float]]] = {}
     for label, (module_name, path) in SECTIONS.items():
         module = importlib.import_module(module_name)
         owner: Any = module
@@ -48,7 +75,8 @@ def instrument() -> dict[str, list[float]]:
             try:
                 return _fn(*args, **kwargs)
             finally:
-                timings.setdefault(_label, []).append((time.perf_counter() - started) * 1000)
+                elapsed = (time.perf_counter() - started) * 1000
+                timings.setdefault(current[0], {}).setdefault(_label, []).append(elapsed)
 
         functools.update_wrapper(timed, fn)
         setattr(owner, name, classmethod(timed) if isinstance(original, classmethod) else timed)
@@ -59,79 +87,176 @@ def instrument() -> dict[str, list[float]]:
     return timings
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ops", type=int, default=2000)
-    parser.add_argument("--sections", action="store_true")
-    args = parser.parse_args()
-    setup()
-    sections = instrument() if args.sections else None
-    from django.db import connection, transaction
-    from django.test.utils import CaptureQueriesContext
+Variant = tuple[Callable[[], None], Callable[[], None]]  # (prepare, untimed; operation, timed)
+
+
+def variants() -> dict[str, Variant]:
+    from django.db import transaction
+    from django.db.models import F
+    from django_q.models import Schedule
     from django_q.tasks import async_task
 
     from bench.benchapp.models import Fact
-    from durable_agent.maintenance import gate, run_pass
+    from durable_agent import clock
+    from durable_agent.maintenance import commit_function, gate, run_pass
     from durable_agent.maintenance.lane_ids import NATIVE
-    from durable_agent.models import Host
+    from durable_agent.models import DueLane, Host, LaneState, MaintenanceState
 
-    reset()
-    host = Host.objects.create(key="gate-bench")
-    run_pass(host)  # settle the first-use pass: a steady host
+    keys = iter(range(10**9))
+    steady = Host.objects.create(key="gate-bench")
+    run_pass(steady)  # settle the first-use pass: a steady host
+
+    def nothing() -> None:
+        pass
 
     def bare() -> None:
         with transaction.atomic():
-            Fact.objects.create(host=host, payload={"n": 1})
-
-    def gated() -> None:
-        with gate.transaction(host) as tx:
-            Fact.objects.create(host=host, payload={"n": 1})
-            tx.record_progress([NATIVE])
+            Fact.objects.create(host=steady, payload={"n": 1})
 
     def queued() -> None:
         with transaction.atomic():
-            Fact.objects.create(host=host, payload={"n": 1})
+            Fact.objects.create(host=steady, payload={"n": 1})
             async_task("bench.benchapp.apps.noop", 1)
 
-    variants = {"bare atomic": bare, "gate.transaction": gated, "atomic + async_task": queued}
-    timings: dict[str, list[float]] = {name: [] for name in variants}
-    queries: dict[str, int] = {}
-    for name, fn in variants.items():  # warm up and count queries once
+    found: dict[str, Variant] = {"bare atomic": (nothing, bare)}
+
+    for path in PATHS:
+        for case in CASES:
+            host = Host.objects.create(key=f"gate-bench-{case.replace(' ', '-')}-{path}")
+            run_pass(host)
+            target = [host]
+
+            def wake(target: list[Host] = target, path: str = path) -> None:
+                commit_function.enabled = path == "function"
+                with gate.transaction(target[0]) as tx:
+                    Fact.objects.create(host=target[0], payload={"n": 1})
+                    tx.record_progress([NATIVE])
+
+            def fresh(target: list[Host] = target) -> None:
+                target[0] = Host.objects.create(key=f"gate-bench-new-{next(keys)}")
+
+            def settle(target: list[Host] = target) -> None:
+                host = target[0]
+                MaintenanceState.objects.filter(host=host).update(processed=F("dirty"))
+                DueLane.objects.filter(host=host).update(due_at=None, state=LaneState.IDLE)
+                Schedule.objects.filter(durable_agent_host=host).update(repeats=0)
+
+            def later(target: list[Host] = target) -> None:
+                host = target[0]
+                in_an_hour = clock.now() + timedelta(hours=1)
+                DueLane.objects.filter(host=host).update(due_at=in_an_hour)
+                Schedule.objects.filter(durable_agent_host=host).update(
+                    next_run=in_an_hour, repeats=1
+                )
+
+            prepare = {
+                "new host": fresh,
+                "settled host": settle,
+                "earlier": later,
+                "coalesces": nothing,
+            }[case]
+            found[f"gate.transaction, {case}, {path}"] = (prepare, wake)
+    found["atomic + async_task"] = (nothing, queued)
+
+    def reconnect() -> None:
+        from django.db import connection
+
+        connection.close()  # the next statement opens a new connection (inside the timing)
+
+    coalesced = found["gate.transaction, coalesces, function"][1]
+    python_coalesced = found["gate.transaction, coalesces, python"][1]
+    found[f"{NEW} bare atomic"] = (reconnect, bare)
+    found[f"{NEW} gate.transaction, coalesces, function"] = (reconnect, coalesced)
+    found[f"{NEW} gate.transaction, coalesces, python"] = (reconnect, python_coalesced)
+    return found
+
+
+def measure(ops: int, sections: bool) -> tuple[dict[str, dict[str, float]], dict[str, int], Any]:
+    """One run: p50/p99 per variant, statements per variant, section timings."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from durable_agent.maintenance import commit_function
+
+    current = ["-"]
+    timed_sections = instrument(current) if sections else None
+    reset()
+    found = variants()
+    timings: dict[str, list[float]] = {name: [] for name in found}
+    statements: dict[str, int] = {}
+    for name, (prepare, fn) in found.items():  # warm up and count statements once
+        prepare()
         with CaptureQueriesContext(connection) as captured:
             fn()
-        queries[name] = len(captured)
-    if sections is not None:
-        sections.clear()
-    for _ in range(args.ops):  # interleave the variants so drift hits them alike
-        for name, fn in variants.items():
+        statements[name] = len(captured)
+    if timed_sections is not None:
+        timed_sections.clear()
+    for _ in range(ops):  # interleave the variants so drift hits them alike
+        for name, (prepare, fn) in found.items():
+            prepare()
+            current[0] = name
             started = time.perf_counter()
             fn()
             timings[name].append((time.perf_counter() - started) * 1000)
-    base = summary(timings["bare atomic"])
-    rows = []
-    for name in variants:
-        s = summary(timings[name])
-        rows.append(
+            current[0] = "-"
+    commit_function.enabled = True
+    results = {name: summary(values) for name, values in timings.items()}
+    return results, statements, timed_sections
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sections", action="store_true")
+    args = parser.parse_args()
+    setup()
+    runs = []
+    for index in range(args.runs):  # sections are timed in the first run only
+        runs.append(measure(args.ops, args.sections and index == 0))
+    statements = runs[0][1]
+    names = list(runs[0][0])
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(run[0][name][key] for run in runs)
+
+    def rows(selected: list[str], base_name: str) -> list[list[Any]]:
+        base = median(base_name, "p50")
+        return [
             [
-                name,
-                s["n"],
-                s["p50"],
-                s["p99"],
-                s["p50"] / base["p50"],
-                queries[name],
-                queries[name] - queries["bare atomic"],
+                name.removeprefix(NEW).strip(),
+                args.ops,
+                median(name, "p50"),
+                median(name, "p99"),
+                median(name, "p50") / base,
+                statements[name],
+                statements[name] - statements[base_name],
             ]
-        )
+            for name in selected
+        ]
+
+    headers = ["variant", "ops", "p50 ms", "p99 ms", "p50 / bare", "statements", "added"]
     table(
-        f"Gate overhead ({args.ops} ops each; {machine()})",
-        ["variant", "ops", "p50 ms", "p99 ms", "p50 / bare", "queries", "added queries"],
-        rows,
+        f"Gate overhead ({args.ops} ops each, median of {args.runs} runs; {machine()})",
+        headers,
+        rows([n for n in names if not n.startswith(NEW)], "bare atomic"),
     )
-    if sections is not None:
+    table(
+        "The first commit on a new connection (connecting included)",
+        headers,
+        rows([n for n in names if n.startswith(NEW)], f"{NEW} bare atomic"),
+    )
+    sections = runs[0][2]
+    if sections:
         table(
-            "Inside gate.transaction: the alarm transaction and its statements",
-            ["section", "calls", "p50 ms"],
-            [[label, len(v), summary(v)["p50"]] for label, v in sections.items()],
+            "Inside gate.transaction: the alarm transaction and its statements (first run)",
+            ["variant", "section", "calls", "p50 ms"],
+            [
+                [variant, label, len(v), summary(v)["p50"]]
+                for variant, by_label in sections.items()
+                if variant != "-"
+                for label, v in by_label.items()
+            ],
         )
 
 

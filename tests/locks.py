@@ -13,6 +13,9 @@ clause. A lock breaks the discipline when
   flushes them one at a time in id order: a state row of a host with a greater id starts the
   order afresh; one with a smaller id is a violation.
 
+A call of a server-side function that locks rows (``FUNCTION_LOCKS``) counts as the locking
+statements it runs, in the order it runs them.
+
 A transaction is a connection's outermost atomic block that the test itself (not the test
 framework's wrapping transaction) opened. Statements run by the capture's own connection in any
 thread are checked; statements of other processes (a live ``qcluster``) are not.
@@ -43,6 +46,15 @@ LOCK_ORDER = (
 )
 
 STATE_TABLE = "durable_agent_maintenancestate"
+
+# Server-side functions and the tables they lock with FOR UPDATE, in order (Note [The commit
+# function] in durable_agent/migrations/sql/0010_commit_intent.sql). Their first argument is the
+# host. Like the Python path they then write the schedule row with a plain UPDATE, which the
+# capture does not count; tests/maintenance/test_commit_function.py checks the whole order,
+# schedule row last, against a second connection.
+FUNCTION_LOCKS = {
+    "durable_agent_commit_intent": (STATE_TABLE, "durable_agent_duelane"),
+}
 
 _LOCKING = re.compile(r"\bFOR\s+(?:NO\s+KEY\s+UPDATE|UPDATE|KEY\s+SHARE|SHARE)\b", re.IGNORECASE)
 _OF = re.compile(r"\bOF\s+(.+?)(?:\s+(?:NOWAIT|SKIP\s+LOCKED)\b|$)", re.IGNORECASE | re.DOTALL)
@@ -151,27 +163,42 @@ def _state_host(sql: str, params: Any) -> int | None:
     return params[0] if isinstance(params[0], int) else None
 
 
+def _function_locks(sql: str, params: Any) -> list[tuple[str, int | None]] | None:
+    """A call of a function of ``FUNCTION_LOCKS`` as the locking statements it runs."""
+    for name, tables in FUNCTION_LOCKS.items():
+        if re.search(rf"\b{name}\s*\(", sql):
+            host = params[0] if isinstance(params, list | tuple) and params else None
+            steps = [(f"SELECT * FROM {tables[0]} FOR UPDATE", host)]
+            return steps + [(f"SELECT * FROM {table} FOR UPDATE", None) for table in tables[1:]]
+    return None
+
+
 def _record(db: Any, sql: Any, params: Any) -> None:
-    if not isinstance(sql, str) or "FOR" not in sql.upper():
+    if not isinstance(sql, str):
         return
+    steps = _function_locks(sql, params)
+    if steps is None:
+        if "FOR" not in sql.upper():
+            return
+        steps = [(sql, _state_host(sql, params))]
     key = _transaction_key(db)
     with _state.lock:
         held = _state.held.setdefault(key, []) if key is not None else []
-        host = _state_host(sql, params)
-        if key is not None and host is not None:
-            last = _state.host.get(key)
-            if last is not None and host < last:
-                _state.violations.append(
-                    Violation(f"locks host {host}'s state row after host {last}'s", sql)
-                )
-            elif last is not None and host > last:
-                held.clear()  # the next host of a frame that carries several, in id order
-            _state.host[key] = host
-        _state.violations.extend(check(sql, held))
-        locked = locked_tables(sql)
-        if locked is not None:
-            _state.seen.append(locked)
-            held.extend(locked)
+        for statement, host in steps:
+            if key is not None and host is not None:
+                last = _state.host.get(key)
+                if last is not None and host < last:
+                    _state.violations.append(
+                        Violation(f"locks host {host}'s state row after host {last}'s", sql)
+                    )
+                elif last is not None and host > last:
+                    held.clear()  # the next host of a frame that carries several, in id order
+                _state.host[key] = host
+            _state.violations.extend(check(statement, held))
+            locked = locked_tables(statement)
+            if locked is not None:
+                _state.seen.append(locked)
+                held.extend(locked)
 
 
 def install() -> None:

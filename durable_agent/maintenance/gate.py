@@ -17,6 +17,8 @@ Note [Buffered intent]
     tail. A nested ``gate.transaction`` is a child frame (a savepoint): its intent merges into
     the parent when it succeeds and is discarded when it fails. A raw ``transaction.atomic``
     between two frames, or around the outermost one, cannot own buffered intent and is refused.
+    On PostgreSQL the replay of usual intent is one call of a server-side function
+    (``commit_function.py``, Note [The commit function]).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from django.db import transaction as db_transaction
 
 from durable_agent import clock, conf, observability
 from durable_agent.errors import AlarmError, GateMisuse, InvalidInput
-from durable_agent.maintenance import failpoints, registry
+from durable_agent.maintenance import commit_function, failpoints, registry
 from durable_agent.maintenance.alarm import Checkpoint, clear_retry
 from durable_agent.maintenance.due_queue import DueQueue, validate_cursor, validate_deadline
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
@@ -203,8 +205,13 @@ def _flush(frame: _Frame) -> None:
     by_host: dict[int, list[_Op]] = {}
     for op in frame.ops:
         by_host.setdefault(op.host_id, []).append(op)
+    server = commit_function.available()
     for host_id in sorted(by_host):  # one host at a time, in id order
         ops = by_host[host_id]
+        intent = commit_function.fold(host_id, list(ops)) if server else None
+        if intent is not None:  # Note [The commit function]: one round trip
+            commit_function.commit(intent, "commit maintenance source intent")
+            continue
 
         def replay(
             state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, ops: list[_Op] = ops

@@ -15,7 +15,14 @@ from durable_agent.errors import (
     InvalidLaneId,
     RevisionConflict,
 )
-from durable_agent.maintenance import alarm, failpoints, gate, registry, run_alarm_transaction
+from durable_agent.maintenance import (
+    alarm,
+    commit_function,
+    failpoints,
+    gate,
+    registry,
+    run_alarm_transaction,
+)
 from durable_agent.maintenance.failpoints import FailpointError
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
 from durable_agent.models import AlarmAudit, DueLane, Host, MaintenanceState, MutationTicket
@@ -191,8 +198,11 @@ def test_transaction__one_frame_may_carry_several_hosts(host: Host, clock: FakeC
 
 
 def test_transaction__revision_changed_behind_the_view_fails_the_commit(
-    host: Host, clock: FakeClock
+    host: Host, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The Python path's buffered view; the commit function reads and writes under one lock
+    # (tests/maintenance/test_commit_function.py covers its compare-and-set).
+    monkeypatch.setattr(commit_function, "enabled", False)
     caught_up(host)
     gate.schedule(host, "outbox", clock.now() + 60 * S)
 
