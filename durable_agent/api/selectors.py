@@ -57,19 +57,27 @@ def _choose(queryset: QuerySet[Host], condition: Q, wanted: bool | None) -> Quer
     return queryset.filter(condition) if wanted else queryset.exclude(condition)
 
 
-def host_page(*, filters: HostFilters, limit: int, offset: int) -> Page:
-    """Hosts by key, with their generations and counts, filtered and paginated."""
+@dataclass(frozen=True)
+class HostPage:
+    items: list[Host]
+    more: bool
+
+
+def host_page(*, filters: HostFilters, limit: int, after: int | None = None) -> HostPage:
+    """Up to ``limit`` hosts by ascending id above ``after``, with their generations and
+    counts, filtered (Note [Host pages] in ``durable_agent/api/hosts.py``); ``more`` tells
+    whether a later host matches too."""
     now = clock.now()
     hosts = _annotated_hosts()
+    if after is not None:
+        hosts = hosts.filter(pk__gt=after)
     hosts = _choose(hosts, selectors.overdue(now), filters.overdue)
     hosts = _choose(hosts, Q(selectors.parked()), filters.parked)
     hosts = _choose(hosts, Q(selectors.faulted()), filters.faulted)
     hosts = _choose(hosts, Q(gen_dirty__gt=F("gen_processed")), filters.dirty)
     hosts = _choose(hosts, selectors.failing(), filters.failing)
-    hosts = hosts.order_by("key")
-    return Page(
-        count=hosts.count(), limit=limit, offset=offset, items=list(hosts[offset : offset + limit])
-    )
+    page = list(hosts.order_by("pk")[: limit + 1])
+    return HostPage(items=page[:limit], more=len(page) > limit)
 
 
 def get_host(key: str) -> Host:
