@@ -69,7 +69,7 @@ def _clone(
     columns = [c for c in _columns(cursor, name) if c != "id" or "id" in values]
     select = ", ".join(values.get(c, f"p.{c}") for c in columns)
     cursor.execute(
-        f"INSERT INTO {name} ({', '.join(columns)}) SELECT {select} "  # noqa: S608
+        f"INSERT INTO {name} ({', '.join(columns)}) SELECT {select} "
         f"FROM {name} p CROSS JOIN generate_series({series[0]:d}, {series[1]:d}) g "
         f"WHERE {proto} AND ({which})"
     )
@@ -91,7 +91,8 @@ def prototypes() -> tuple[int, int]:
     run_pass(armed.pk, deadline=clock.now(), guard=False)
     gate.schedule(armed, "bench", clock.now() + timedelta(days=1))
     armed.refresh_from_db()
-    assert armed.alarm is not None and armed.alarm.repeats == 1
+    assert armed.alarm is not None
+    assert armed.alarm.repeats == 1
     return idle.pk, armed.pk
 
 
@@ -168,7 +169,7 @@ def load(total: int, lost: int) -> dict[str, Any]:
             ("durable_agent_host_id_seq", "durable_agent_host"),
             ("django_q_schedule_id_seq", "django_q_schedule"),
         ):
-            cursor.execute(f"SELECT setval('{sequence}', (SELECT max(id) FROM {table_name}))")  # noqa: S608
+            cursor.execute(f"SELECT setval('{sequence}', (SELECT max(id) FROM {table_name}))")
         cursor.execute("VACUUM ANALYZE")
         cursor.execute("SELECT count(*) FROM durable_agent_host")
         hosts = cursor.fetchone()[0]
@@ -214,7 +215,8 @@ def firing(runs: int) -> dict[str, float]:
         started = time.perf_counter()
         first = next_armed_run()
         probes.append((time.perf_counter() - started) * 1000)
-        assert first is not None and first <= timezone.now()
+        assert first is not None
+        assert first <= timezone.now()
         started = time.perf_counter()
         scheduler(broker=broker)
         scans.append((time.perf_counter() - started) * 1000)
@@ -260,9 +262,8 @@ def _admin_client() -> Any:
 
 
 def _sweep_once() -> dict[str, Any]:
-    from django_q.models import Schedule
-
     from django.db.models import F
+    from django_q.models import Schedule
 
     from durable_agent.models import Host, MaintenanceState
     from durable_agent.tasks import sweep
@@ -437,6 +438,10 @@ def api_list(runs: int) -> list[list[Any]]:
 
 
 def lists(runs: int) -> dict[str, Any]:
+    from django.core.signals import request_started
+    from django.db import reset_queries
+
+    request_started.disconnect(reset_queries)  # keep the queries of a request for EXPLAIN
     before = _rss_mib()
     result = {"admin": admin_list(runs), "api": api_list(runs)}
     return {**result, "growth": _rss_mib() - before}
@@ -468,8 +473,13 @@ def report(sizes: list[int], results: list[dict[str, Any]], runs: int) -> None:
         f"Loading the hosts ({where})",
         ["hosts", "armed", "lost alarms", "load s", "database MiB"],
         [
-            [r["load"]["hosts"], r["load"]["armed"], r["load"]["lost"]]
-            + [r["load"]["seconds"], r["load"]["mib"]]
+            [
+                r["load"]["hosts"],
+                r["load"]["armed"],
+                r["load"]["lost"],
+                r["load"]["seconds"],
+                r["load"]["mib"],
+            ]
             for r in results
         ],
     )
@@ -478,8 +488,12 @@ def report(sizes: list[int], results: list[dict[str, Any]], runs: int) -> None:
         f"Firing {DUE} due alarms (p50 of {max(runs, 5)} rounds)",
         ["hosts", "scan p50 ms", "probe p50 ms", "scan / first"],
         [
-            [r["load"]["hosts"], r["firing"]["scan"], r["firing"]["probe"]]
-            + [r["firing"]["scan"] / base]
+            [
+                r["load"]["hosts"],
+                r["firing"]["scan"],
+                r["firing"]["probe"],
+                r["firing"]["scan"] / base,
+            ]
             for r in results
         ],
     )
@@ -487,8 +501,16 @@ def report(sizes: list[int], results: list[dict[str, Any]], runs: int) -> None:
         f"Walking every host ({runs} runs, each walk in a fresh process)",
         ["hosts", "walk", "found", "queries", "p50 ms", "max ms", "peak RSS MiB", "RSS growth MiB"],
         [
-            [r["load"]["hosts"], w["phase"], w["result"], w["queries"], w["p50"], w["max"]]
-            + [w["rss"], w["growth"]]
+            [
+                r["load"]["hosts"],
+                w["phase"],
+                w["result"],
+                w["queries"],
+                w["p50"],
+                w["max"],
+                w["rss"],
+                w["growth"],
+            ]
             for r in results
             for w in r["walks"]
         ],

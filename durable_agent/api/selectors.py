@@ -75,7 +75,7 @@ def host_page(*, filters: HostFilters, limit: int, after: int | None = None) -> 
     hosts = _choose(hosts, Q(selectors.parked()), filters.parked)
     hosts = _choose(hosts, Q(selectors.faulted()), filters.faulted)
     hosts = _choose(hosts, Q(gen_dirty__gt=F("gen_processed")), filters.dirty)
-    hosts = _choose(hosts, selectors.failing(), filters.failing)
+    hosts = _choose(hosts, selectors.failing_quickly(), filters.failing)
     page = list(hosts.order_by("pk")[: limit + 1])
     return HostPage(items=page[:limit], more=len(page) > limit)
 

@@ -22,7 +22,6 @@ from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
 from durable_agent.api.repairs import body_reason
 from durable_agent.api.schemas import (
-    MAX_ID,
     ApproveIn,
     HostKey,
     IdempotencyKey,
