@@ -128,3 +128,35 @@ def test_host_changelist__constant_queries_for_1_and_50_hosts(
 
     assert one == fifty
     assert fifty <= 8, "session, user, permissions, counts and one page query"
+
+
+def test_host_changelist__only_the_key_sorts_and_the_search_is_a_key_prefix(
+    operator_client: Client,
+) -> None:
+    HostFactory(key="faulted")
+    HostFactory(key="quiet")
+    html = operator_client.get(changelist("host")).content.decode()
+    assert html.count('class="sortable') == 1  # Note [Host pages at scale]
+    assert 'class="sortable column-key_and_kind' in html
+    assert _keys(operator_client, "?q=fault") == {"faulted"}
+    assert _keys(operator_client, "?q=ault") == set()  # a prefix, not a substring
+
+
+@pytest.mark.postgres
+def test_host_changelist__an_unfiltered_large_table_is_counted_from_the_estimate(
+    operator_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_agent.admin import paging
+
+    HostFactory.create_batch(3)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_agent_host")
+    HostFactory.create_batch(2)  # not in the estimate yet
+    monkeypatch.setattr(paging, "EXACT_BELOW", 1)
+    with CaptureQueriesContext(connection) as queries:
+        response = operator_client.get(changelist("host"))
+    assert response.context["cl"].result_count == 3  # the estimate
+    assert not [q for q in queries.captured_queries if q["sql"].startswith("SELECT COUNT(*)")]
+    assert operator_client.get(changelist("host") + "?q=").context["cl"].result_count == 3
+    filtered = operator_client.get(changelist("host") + "?single_thread__exact=0")
+    assert filtered.context["cl"].result_count == 5  # a filtered list is counted exactly
