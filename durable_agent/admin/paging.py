@@ -37,12 +37,12 @@ def estimated_rows(model: Any, using: str) -> int | None:
     return int(row[0])
 
 
-class EstimatedCountPaginator(Paginator):
+class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     """Counts exactly unless the list is a whole large table (Note [Estimated host counts])."""
 
     @cached_property
     def count(self) -> int:
-        queryset = self.object_list
+        queryset: Any = self.object_list
         query = getattr(queryset, "query", None)
         if query is not None and not query.where:
             estimate = estimated_rows(queryset.model, queryset.db)
