@@ -40,7 +40,7 @@ class OverdueFilter(_YesNoFilter):
     no = "on time or disarmed"
 
     def condition(self) -> Q:
-        return queries.overdue(clock.now())
+        return queries.overdue_hosts(clock.now())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         # Not ``exclude()``: a NULL slot (disarmed) must count as "not overdue".
@@ -57,7 +57,7 @@ class FailingFilter(_YesNoFilter):
     no = "not failing"
 
     def condition(self) -> Q:
-        return queries.failing_quickly()
+        return queries.failing_hosts()
 
 
 class ParkedFilter(_YesNoFilter):
@@ -67,7 +67,7 @@ class ParkedFilter(_YesNoFilter):
     no = "no parked lanes"
 
     def condition(self) -> Q:
-        return Q(queries.parked())
+        return queries.parked_hosts()
 
 
 class FaultedFilter(_YesNoFilter):
@@ -87,7 +87,7 @@ class DirtyFilter(_YesNoFilter):
     no = "caught up"
 
     def condition(self) -> Q:
-        return Q(gen_lag__gt=0)
+        return queries.dirty_hosts()
 
 
 class BindingFilter(_YesNoFilter):
