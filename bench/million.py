@@ -9,7 +9,9 @@ every table compares the two sizes. The hosts are clones of two hosts the app it
 native lane and its django-q ``Schedule`` slot. One host in ten is armed (its slot holds the
 deadline of a second lane, a day ahead); the others are caught up with a disarmed slot
 (``repeats=0``), as a pass leaves them. ``--lost`` of the disarmed hosts owe work (a dirty
-generation) without an armed slot: the audit reports them and the sweep re-arms them.
+generation) without an armed slot: the audit reports them and the sweep re-arms them. After
+the firing rounds, one host in 1 000 gets a parked lane, one in 1 000 three failed passes in a
+row (failing), one in 10 000 an armed slot an hour overdue: every list filter finds hosts.
 
 Measured:
 
@@ -188,6 +190,34 @@ def load(total: int, lost: int) -> dict[str, Any]:
         "seconds": time.perf_counter() - started,
         "mib": size / 2**20,
     }
+
+
+def sicken() -> dict[str, int]:
+    """After firing (which expects only its own slots due): one host in 1 000 gets a parked
+    lane, one in 1 000 three failed passes in a row, one in 10 000 an armed slot an hour
+    overdue, so that each list filter has hosts to find."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE durable_agent_duelane SET state = 'parked', stalls = 8, due_at = NULL "
+            "WHERE host_id % 1000 = 3"
+        )
+        parked = cursor.rowcount
+        cursor.execute(
+            "INSERT INTO durable_agent_passrecord (host_id, started_at, phase, recovered, "
+            "settled, alarm, error) SELECT h.id, now() - n * interval '1 minute', 'failed', "
+            "0, 0, '', 'bench: a failed pass' FROM durable_agent_host h "
+            "CROSS JOIN generate_series(1, 3) n WHERE h.id % 1000 = 7"
+        )
+        failing = cursor.rowcount // 3
+        cursor.execute(
+            "UPDATE django_q_schedule SET next_run = now() - interval '1 hour' WHERE id IN "
+            "(SELECT alarm_id FROM durable_agent_host WHERE id % 10000 = 0) AND repeats <> 0"
+        )
+        overdue = cursor.rowcount
+        cursor.execute("ANALYZE")
+    return {"parked": parked, "failing": failing, "overdue": overdue}
 
 
 # -- firing (bench/firing_scale.py's method) ---------------------------------------------------
@@ -462,6 +492,7 @@ def measure(size: int, lost: int, runs: int) -> dict[str, Any]:
     from django.db import connections
 
     fired = firing(runs)
+    loaded.update(sicken())
     connections.close_all()
     walks = [_in_subprocess(phase, runs) for phase in ("audit", "health", "sweep")]
     listed = _in_subprocess("lists", runs)
@@ -472,12 +503,15 @@ def report(sizes: list[int], results: list[dict[str, Any]], runs: int) -> None:
     where = machine()
     table(
         f"Loading the hosts ({where})",
-        ["hosts", "armed", "lost alarms", "load s", "database MiB"],
+        ["hosts", "armed", "lost alarms", "overdue", "parked", "failing", "load s", "database MiB"],
         [
             [
                 r["load"]["hosts"],
                 r["load"]["armed"],
                 r["load"]["lost"],
+                r["load"]["overdue"],
+                r["load"]["parked"],
+                r["load"]["failing"],
                 r["load"]["seconds"],
                 r["load"]["mib"],
             ]

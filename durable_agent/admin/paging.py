@@ -5,8 +5,8 @@ Note [Estimated host counts]
     the count reads the whole table and costs more than the page. Unfiltered, this paginator
     takes PostgreSQL's own estimate of the table's rows (``pg_class.reltuples``, kept by
     autovacuum and ``ANALYZE``) once it is above :data:`EXACT_BELOW` rows, so the figure of
-    a large table is approximate (within a few percent after an ``ANALYZE``) and the last
-    pages may be short or empty. Below that, on another database, or with a filter or a
+    a large table is approximate (within a few percent after an ``ANALYZE``; the list reads
+    "about N hosts") and the last pages may be short or empty. Below that, on another database, or with a filter or a
     search, it counts exactly.
 
 Note [A page is read by its ids]
@@ -50,6 +50,9 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     """Counts exactly unless the list is a whole large table (Note [Estimated host counts]);
     reads each page by its ids (Note [A page is read by its ids])."""
 
+    #: Whether :attr:`count` is PostgreSQL's estimate (the list then reads "about N hosts").
+    estimated = False
+
     @cached_property
     def count(self) -> int:
         queryset: Any = self.object_list
@@ -57,6 +60,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
         if query is not None and not query.where:
             estimate = estimated_rows(queryset.model, queryset.db)
             if estimate is not None and estimate >= EXACT_BELOW:
+                self.estimated = True
                 return estimate
         return int(super().count)
 

@@ -156,10 +156,13 @@ def test_host_changelist__an_unfiltered_large_table_is_counted_from_the_estimate
     with CaptureQueriesContext(connection) as queries:
         response = operator_client.get(changelist("host"))
     assert response.context["cl"].result_count == 3  # the estimate
+    assert '<span class="da-estimated"' in response.content.decode()
+    assert "about 3 hosts" in response.content.decode()
     assert not [q for q in queries.captured_queries if q["sql"].startswith("SELECT COUNT(*)")]
     assert operator_client.get(changelist("host") + "?q=").context["cl"].result_count == 3
     filtered = operator_client.get(changelist("host") + "?single_thread__exact=0")
     assert filtered.context["cl"].result_count == 5  # a filtered list is counted exactly
+    assert "da-estimated" not in filtered.content.decode()
 
 
 def test_host_changelist__a_deep_page_computes_the_columns_of_its_rows_alone(
