@@ -6,8 +6,8 @@ Note [Estimated host counts]
     takes PostgreSQL's own estimate of the table's rows (``pg_class.reltuples``, kept by
     autovacuum and ``ANALYZE``) once it is above :data:`EXACT_BELOW` rows, so the figure of
     a large table is approximate (within a few percent after an ``ANALYZE``; the list reads
-    "about N hosts") and the last pages may be short or empty. Below that, on another database, or with a filter or a
-    search, it counts exactly.
+    "about N hosts") and the last pages may be short or empty. Below that, on another
+    database, or with a filter or a search, it counts exactly.
 
 Note [A page is read by its ids]
     A deep page (``OFFSET`` n) of an annotated queryset computes every annotation of the n
