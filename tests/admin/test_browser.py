@@ -342,6 +342,7 @@ def test_browser__host_list_prefix_search_key_sort_pages_and_count(
     # A page link reads the next page (Note [A page is read by its ids]).
     page.goto(f"{base}{hosts}")
     page.click("p.paginator a:text('2')")
+    page.wait_for_url("**p=2**")
     assert keys() == ["tenant-3", "tenant-4"]
     # The search is a key prefix: "billing" finds billing-eu, not eu-billing.
     page.fill("#searchbar", "billing")
