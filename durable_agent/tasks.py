@@ -31,7 +31,11 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
         return {"host": None, "phase": "stale"}
 
 
-def sweep() -> dict[str, int]:
+#: Hosts the sweep reads per page (one query each) before it re-arms them.
+SWEEP_PAGE_SIZE = 500
+
+
+def sweep(*, page_size: int = SWEEP_PAGE_SIZE) -> dict[str, int]:
     """The backstop sweep: re-arm every host whose alarm was lost, apply registry changes.
 
     Finds hosts that owe work (a dirty generation or a lane deadline) with a missing or
@@ -42,37 +46,53 @@ def sweep() -> dict[str, int]:
     rows, delivered recovery events, long-expired mutation tickets and alarm task results.
     ``AlarmBroker`` runs it every minute; without that broker, schedule this task yourself.
     Returns ``rearmed`` and the number of rows pruned per table.
-    """
-    from django.db.models import F, Q
 
+    Note [The sweep walks in pages]
+        The hosts are read by ascending id, ``page_size`` at a time (keyset: each page starts
+        after the last id of the previous one), and each page is re-armed before the next one
+        is read: the memory the sweep holds is one page, whatever the number of hosts, and a
+        host re-armed on one page no longer matches when a later page is read.
+    """
     from durable_agent.maintenance import retention
     from durable_agent.maintenance.passes import ensure_alarm
-    from durable_agent.models import BindingRetry, DueLane, MaintenanceState
-    from durable_agent.runtime import get_runtime
 
-    disarmed = Q(host__alarm__isnull=True) | Q(host__alarm__repeats=0)
-    host_ids = set(
-        MaintenanceState.objects.filter(disarmed, dirty__gt=F("processed")).values_list(
-            "host_id", flat=True
-        )
-    )
-    host_ids |= set(
-        DueLane.objects.filter(disarmed, due_at__isnull=False).values_list("host_id", flat=True)
-    )
-    key = get_runtime().binding_registry_key()
-    host_ids |= set(
-        BindingRetry.objects.exclude(registry_key=key).values_list("host_id", flat=True)
-    )
     rearmed = 0
-    for host_id in sorted(host_ids):
-        try:
-            ensure_alarm(host_id)
-            rearmed += 1
-        except Exception:
-            logger.exception("Sweep could not re-arm host %s", host_id)
+    after = 0
+    while True:
+        page = _sweep_page(after=after, limit=page_size)
+        for host_id in page:
+            try:
+                ensure_alarm(host_id)
+                rearmed += 1
+            except Exception:
+                logger.exception("Sweep could not re-arm host %s", host_id)
+        if len(page) < page_size:
+            break
+        after = page[-1]
     pruned = retention.prune()
     if rearmed:
         logger.warning("Sweep re-armed %d hosts whose alarm was missing", rearmed)
     if any(pruned.values()):
         logger.info("Sweep pruned %s", ", ".join(f"{k}={v}" for k, v in pruned.items() if v))
     return {"rearmed": rearmed, **pruned}
+
+
+def _sweep_page(*, after: int, limit: int) -> list[int]:
+    """The ids, ascending and above ``after``, of at most ``limit`` hosts the sweep re-arms
+    (Note [The sweep walks in pages])."""
+    from django.db.models import Exists, F, OuterRef, Q
+
+    from durable_agent.models import BindingRetry, DueLane, Host
+    from durable_agent.runtime import get_runtime
+
+    disarmed = Q(alarm__isnull=True) | Q(alarm__repeats=0)
+    deadline = DueLane.objects.filter(host=OuterRef("pk"), due_at__isnull=False)
+    owes = Q(maintenance__dirty__gt=F("maintenance__processed")) | Q(Exists(deadline))
+    key = get_runtime().binding_registry_key()
+    moved = BindingRetry.objects.filter(host=OuterRef("pk")).exclude(registry_key=key)
+    return list(
+        Host.objects.filter(pk__gt=after)
+        .filter((disarmed & owes) | Q(Exists(moved)))
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )

@@ -118,6 +118,33 @@ def test_sweep__re_arms_a_dirty_host_whose_slot_was_lost(
     assert sweep() == {"rearmed": 0, **NOTHING_PRUNED}
 
 
+def test_sweep__walks_the_hosts_in_pages_of_page_size(
+    clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from durable_agent.tasks import sweep
+
+    lost = [Host.objects.create(key=f"lost-{n}") for n in range(5)]
+    for host in lost:
+        runtime.submit(host, "t1")
+    clean = Host.objects.create(key="clean")
+    Schedule.objects.update(repeats=0)  # every slot lost
+    with CaptureQueriesContext(connection) as captured:
+        assert sweep(page_size=2) == {"rearmed": 5, **NOTHING_PRUNED}
+    pages = [
+        q["sql"]
+        for q in captured.captured_queries
+        if q["sql"].startswith('SELECT "durable_agent_host"."id" AS "pk" FROM "durable_agent_host"')
+    ]
+    assert len(pages) == 3  # 2 + 2 + 1 hosts: the short page is the last one
+    assert all(q.rstrip().endswith("LIMIT 2") for q in pages)
+    assert all(alarm.scheduled(host) is not None for host in lost)
+    assert alarm.scheduled(clean) is None
+    assert sweep(page_size=2) == {"rearmed": 0, **NOTHING_PRUNED}
+
+
 def test_sweep__applies_a_binding_registry_change(
     clock: FakeClock, runtime: ScriptedRuntime
 ) -> None:

@@ -40,7 +40,7 @@ class OverdueFilter(_YesNoFilter):
     no = "on time or disarmed"
 
     def condition(self) -> Q:
-        return Q(slot_at__lt=clock.now() - queries.OVERDUE_AFTER)
+        return queries.overdue_hosts(clock.now())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         # Not ``exclude()``: a NULL slot (disarmed) must count as "not overdue".
@@ -57,7 +57,7 @@ class FailingFilter(_YesNoFilter):
     no = "not failing"
 
     def condition(self) -> Q:
-        return queries.failing()
+        return queries.failing_hosts()
 
 
 class ParkedFilter(_YesNoFilter):
@@ -67,7 +67,7 @@ class ParkedFilter(_YesNoFilter):
     no = "no parked lanes"
 
     def condition(self) -> Q:
-        return Q(parked_lanes__gt=0)
+        return queries.parked_hosts()
 
 
 class FaultedFilter(_YesNoFilter):
@@ -77,7 +77,7 @@ class FaultedFilter(_YesNoFilter):
     no = "no faults"
 
     def condition(self) -> Q:
-        return Q(open_faults__gt=0)
+        return Q(queries.faulted())
 
 
 class DirtyFilter(_YesNoFilter):
@@ -87,7 +87,7 @@ class DirtyFilter(_YesNoFilter):
     no = "caught up"
 
     def condition(self) -> Q:
-        return Q(gen_lag__gt=0)
+        return queries.dirty_hosts()
 
 
 class BindingFilter(_YesNoFilter):
@@ -97,7 +97,7 @@ class BindingFilter(_YesNoFilter):
     no = "none"
 
     def condition(self) -> Q:
-        return Q(binding_waits__gt=0)
+        return Q(queries.waiting_binding())
 
 
 class HeadFilter(_YesNoFilter):

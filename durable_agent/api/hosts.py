@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from ninja import Path, Query, Router
 
 from durable_agent import clock
+from durable_agent.api import cursors
 from durable_agent.api.errors import declared as errors
 from durable_agent.api.schemas import (
     AuditOut,
@@ -39,6 +40,17 @@ from durable_agent.models import Host, MaintenanceState
 from durable_agent.runtime import get_runtime
 
 router = Router(tags=["hosts"])
+HOST_CURSOR_PREFIX = "h1."
+
+
+def encode_host_cursor(last_id: int) -> str:
+    """The opaque ``next`` token of ``GET hosts`` after the host ``last_id``."""
+    return cursors.encode(HOST_CURSOR_PREFIX, last_id)
+
+
+def decode_host_cursor(cursor: str) -> int:
+    """The host id a ``GET hosts`` cursor continues above; 422 ``invalid_cursor`` otherwise."""
+    return cursors.decode(HOST_CURSOR_PREFIX, cursor)
 
 
 def _summary(host: Any, now: Any) -> HostSummaryOut:
@@ -97,7 +109,17 @@ def _state(state: MaintenanceState | None) -> MaintenanceOut:
     operation_id="list_hosts",
 )
 def list_hosts(request: HttpRequest, query: Query[HostFilterQuery]) -> HostPageOut:
-    """Hosts by key with their slot, generations and counts; each filter is optional."""
+    """Hosts by id with their slot, generations and counts; each filter is optional; follow
+    ``next`` for the next page.
+
+    Note [Host pages]
+        Keyset pagination on the id, ascending: a page is the ``limit`` hosts above the
+        cursor's id, read with an index scan however deep the page, and no page counts the
+        hosts (a count reads every row: at a million hosts it costs more than the page).
+        Hosts created while a client pages appear after the pages it has read, so none is
+        skipped or repeated; a host whose state changes may enter or leave a filtered
+        listing. ``next`` is opaque (it encodes the last id) and null on the last page.
+    """
     filters = HostFilters(
         overdue=query.overdue,
         parked=query.parked,
@@ -105,13 +127,13 @@ def list_hosts(request: HttpRequest, query: Query[HostFilterQuery]) -> HostPageO
         dirty=query.dirty,
         failing=query.failing,
     )
-    page = host_page(filters=filters, limit=query.limit, offset=query.offset)
+    after = None if query.cursor is None else decode_host_cursor(query.cursor)
+    page = host_page(filters=filters, limit=query.limit, after=after)
     now = clock.now()
     return HostPageOut(
-        count=page.count,
-        limit=page.limit,
-        offset=page.offset,
         items=[_summary(host, now) for host in page.items],
+        limit=query.limit,
+        next=encode_host_cursor(page.items[-1].pk) if page.more else None,
     )
 
 

@@ -124,7 +124,14 @@ class PageQuery(Schema):
     offset: int = Field(0, ge=0, le=MAX_ID)
 
 
-class HostFilterQuery(PageQuery):
+class HostFilterQuery(Schema):
+    limit: int = Field(50, ge=1, le=MAX_PAGE_SIZE)
+    cursor: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The previous page's `next`: the page after it (keyset pagination).",
+    )
     overdue: QueryBool | None = Field(None, description="Armed, and more than 60 s past its time.")
     parked: QueryBool | None = Field(None, description="Has at least one parked lane.")
     faulted: QueryBool | None = Field(None, description="Has at least one recovery fault.")
@@ -170,10 +177,11 @@ class HostSummaryOut(Schema):
 
 
 class HostPageOut(Schema):
-    count: int
+    items: list[HostSummaryOut] = Field(description="Oldest first (by id, ascending).")
     limit: int
-    offset: int
-    items: list[HostSummaryOut]
+    next: str | None = Field(
+        description="Pass it as `cursor` for the next page; null on the last page."
+    )
 
 
 class MaintenanceOut(Schema):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Q, QuerySet
+from django.db.models import Q, QuerySet
 
 from durable_agent import clock
 from durable_agent.errors import HostNotFound
@@ -51,25 +52,37 @@ def _annotated_hosts() -> QuerySet[Host]:
     return selectors.annotate_hosts(Host.objects.select_related("alarm"))
 
 
-def _choose(queryset: QuerySet[Host], condition: Q, wanted: bool | None) -> QuerySet[Host]:
+def _choose(
+    queryset: QuerySet[Host], condition: Callable[[], Q], wanted: bool | None
+) -> QuerySet[Host]:
+    """Filter by ``condition()`` (built only when asked for: one may read ahead) when
+    ``wanted`` is set."""
     if wanted is None:
         return queryset
-    return queryset.filter(condition) if wanted else queryset.exclude(condition)
+    return queryset.filter(condition()) if wanted else queryset.exclude(condition())
 
 
-def host_page(*, filters: HostFilters, limit: int, offset: int) -> Page:
-    """Hosts by key, with their generations and counts, filtered and paginated."""
+@dataclass(frozen=True)
+class HostPage:
+    items: list[Host]
+    more: bool
+
+
+def host_page(*, filters: HostFilters, limit: int, after: int | None = None) -> HostPage:
+    """Up to ``limit`` hosts by ascending id above ``after``, with their generations and
+    counts, filtered (Note [Host pages] in ``durable_agent/api/hosts.py``); ``more`` tells
+    whether a later host matches too."""
     now = clock.now()
     hosts = _annotated_hosts()
-    hosts = _choose(hosts, selectors.overdue(now), filters.overdue)
-    hosts = _choose(hosts, Q(selectors.parked()), filters.parked)
-    hosts = _choose(hosts, Q(selectors.faulted()), filters.faulted)
-    hosts = _choose(hosts, Q(gen_dirty__gt=F("gen_processed")), filters.dirty)
-    hosts = _choose(hosts, selectors.failing(), filters.failing)
-    hosts = hosts.order_by("key")
-    return Page(
-        count=hosts.count(), limit=limit, offset=offset, items=list(hosts[offset : offset + limit])
-    )
+    if after is not None:
+        hosts = hosts.filter(pk__gt=after)
+    hosts = _choose(hosts, lambda: selectors.overdue_hosts(now), filters.overdue)
+    hosts = _choose(hosts, selectors.parked_hosts, filters.parked)
+    hosts = _choose(hosts, lambda: Q(selectors.faulted()), filters.faulted)
+    hosts = _choose(hosts, selectors.dirty_hosts, filters.dirty)
+    hosts = _choose(hosts, selectors.failing_hosts, filters.failing)
+    page = list(hosts.order_by("pk")[: limit + 1])
+    return HostPage(items=page[:limit], more=len(page) > limit)
 
 
 def get_host(key: str) -> Host:

@@ -8,7 +8,6 @@ already used on the thread with the same agent and payload. Abort, approve and r
 
 from __future__ import annotations
 
-import base64
 from typing import Annotated
 
 from django.http import HttpRequest
@@ -16,13 +15,13 @@ from ninja import Body, Header, Path, Query, Router, Status
 
 from durable_agent.agents import services
 from durable_agent.agents.errors import SubmissionNotFound
+from durable_agent.api import cursors
 from durable_agent.api.auth import require_repair, require_submit
 from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
 from durable_agent.api.repairs import body_reason
 from durable_agent.api.schemas import (
-    MAX_ID,
     ApproveIn,
     HostKey,
     IdempotencyKey,
@@ -110,25 +109,12 @@ CURSOR_PREFIX = "s1."
 
 def encode_cursor(last_id: int) -> str:
     """The opaque ``next`` token after the row ``last_id`` (Note [Submission pages])."""
-    return CURSOR_PREFIX + base64.urlsafe_b64encode(str(last_id).encode()).decode().rstrip("=")
+    return cursors.encode(CURSOR_PREFIX, last_id)
 
 
 def decode_cursor(cursor: str) -> int:
     """The id a ``cursor`` continues below; 422 ``invalid_cursor`` when it is not one."""
-    if cursor.startswith(CURSOR_PREFIX):
-        body = cursor[len(CURSOR_PREFIX) :]
-        try:
-            text = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("ascii")
-        except (ValueError, UnicodeDecodeError):
-            text = ""
-        if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_ID:
-            return int(text)
-    raise ApiError(
-        422,
-        "invalid_cursor",
-        "The cursor is not a `next` token of this endpoint",
-        detail={"cursor": cursor},
-    )
+    return cursors.decode(CURSOR_PREFIX, cursor)
 
 
 @router.get(

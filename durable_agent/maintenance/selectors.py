@@ -38,6 +38,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Coalesce
+from django_q.models import Schedule
 
 from durable_agent import clock, conf
 from durable_agent.models import (
@@ -45,6 +46,7 @@ from durable_agent.models import (
     DueLane,
     Host,
     LaneState,
+    MaintenanceState,
     PassPhase,
     PassRecord,
     RecoveryFault,
@@ -53,6 +55,8 @@ from durable_agent.models import (
 )
 
 OVERDUE_AFTER = timedelta(seconds=60)
+#: Overdue slots a host list reads before its page (Note [Overdue slots are read first]).
+OVERDUE_READ_AHEAD = 1000
 #: Pass phases that end a failure streak (a busy pass ran nothing; a stale one is not recorded).
 SUCCEEDED = (PassPhase.CAUGHT_UP.value, PassPhase.ACTIONABLE.value)
 _BEFORE_ANY_PASS = datetime(1970, 1, 1, tzinfo=UTC)
@@ -65,14 +69,51 @@ def failing_after() -> int:
 
 # -- filters (on a Host queryset) ------------------------------------------------------------
 
+# Note [Host filters at scale]
+#     The host lists filter a million hosts and show a page of them. A condition over per-host
+#     figures (a join, a correlated count) is evaluated for every host until a page is found,
+#     and for every host again by the admin's count. So the list filters are semi-joins on the
+#     few rows that make a host match, each read from a partial index (migration 0011): the
+#     armed slots due before the cutoff (``da_schedule_armed_next_run``), the dirty state rows
+#     (``da_state_dirty``), the parked lanes (``da_duelane_parked``), the failed passes
+#     (``da_pass_failed``; the streak is then computed for those hosts only), the
+#     single-thread hosts (``da_host_single_thread``). A healthy fleet reads a handful of
+#     index entries; an unhealthy one, its unhealthy hosts. Each filter is one ``IN``: an
+#     ``OR`` of two would again be evaluated host by host.
+#
+# Note [A host without a state row has no slot]
+#     A missing state row reads as dirty. Looking for such hosts among all the hosts is an
+#     anti-join that reads every host (seconds at a million); but a slot is only ever set in
+#     an alarm transaction, which creates the host's state row first (``lock_state`` in
+#     ``durable_agent/maintenance/transactions.py``), and a state row is deleted only with its
+#     host. So a host without a state row has no slot (``alarm`` is null), and the dirty
+#     filter looks for them among the hosts without a slot alone (the ``alarm`` column's
+#     unique index holds its nulls).
+#
+# Note [Overdue slots are read first]
+#     PostgreSQL estimates "armed and due before the cutoff" as the product of "armed" and "due
+#     before the cutoff"; but a disarmed slot keeps the time it last held, in the past, so the
+#     estimate is that of a fleet mostly overdue, and the planner walks the hosts by key,
+#     looking for a page of overdue hosts among all of them. So a host list reads the overdue
+#     slots first (up to ``OVERDUE_READ_AHEAD``, from ``da_schedule_armed_next_run``) and
+#     filters the hosts by those ids, which the planner counts exactly. Beyond that many
+#     overdue slots it filters by the semi-join: the walk by key then finds a page quickly.
+
 
 def armed() -> Q:
     return Q(alarm__isnull=False) & ~Q(alarm__repeats=0)
 
 
 def overdue(now: datetime) -> Q:
-    """Armed slots more than ``OVERDUE_AFTER`` in the past."""
-    return armed() & Q(alarm__next_run__lt=now - OVERDUE_AFTER)
+    """Armed slots more than ``OVERDUE_AFTER`` in the past: a semi-join on the armed slots
+    (Note [Host filters at scale])."""
+    return Q(alarm__in=overdue_slots(now).values("pk"))
+
+
+def overdue_slots(now: datetime) -> QuerySet[Schedule]:
+    """The armed slots more than ``OVERDUE_AFTER`` in the past (``da_schedule_armed_next_run``)."""
+    slots: QuerySet[Schedule] = Schedule.objects.exclude(repeats=0)
+    return slots.filter(next_run__lt=now - OVERDUE_AFTER)
 
 
 def parked() -> Exists:
@@ -92,6 +133,44 @@ def dirty() -> Q:
     return Q(maintenance__isnull=True) | Q(maintenance__dirty__gt=F("maintenance__processed"))
 
 
+def dirty_hosts() -> Q:
+    """:func:`dirty` for a filter over many hosts (Note [Host filters at scale]): the hosts of
+    the dirty state rows, and the hosts without a state row, found among the hosts without a
+    slot (Note [A host without a state row has no slot])."""
+    dirty_rows = MaintenanceState.objects.filter(dirty__gt=F("processed")).values("host_id")
+    stateless = (
+        Host.objects.filter(alarm__isnull=True)
+        .filter(~Exists(MaintenanceState.objects.filter(host=OuterRef("pk"))))
+        .order_by()
+        .values("pk")
+    )
+    return Q(pk__in=dirty_rows.order_by().union(stateless, all=True))
+
+
+def overdue_hosts(now: datetime) -> Q:
+    """:func:`overdue` for a filter over many hosts (Note [Overdue slots are read first])."""
+    late = overdue_slots(now)
+    ids = list(late.order_by().values_list("pk", flat=True)[: OVERDUE_READ_AHEAD + 1])
+    if len(ids) <= OVERDUE_READ_AHEAD:
+        return Q(alarm__in=ids)
+    return Q(alarm__in=late.values("pk"))
+
+
+def parked_hosts() -> Q:
+    """:func:`parked` for a filter over many hosts (Note [Host filters at scale])."""
+    return Q(pk__in=DueLane.objects.parked().values("host_id"))
+
+
+def failing_hosts() -> Q:
+    """:func:`failing` for a filter over many hosts, without the annotation (Note [Host
+    filters at scale]): the streak is computed for the hosts of the failed passes alone
+    (every failing host has one), inside the semi-join."""
+    failed = PassRecord.objects.filter(phase=PassPhase.FAILED).alias(
+        streak=failure_streak(host="host_id")
+    )
+    return Q(pk__in=failed.filter(streak__gte=failing_after()).values("host_id"))
+
+
 def failing() -> Q:
     """Needs :func:`failure_streak` annotated as ``failed_passes``."""
     return Q(failed_passes__gte=failing_after())
@@ -100,10 +179,11 @@ def failing() -> Q:
 # -- annotations -----------------------------------------------------------------------------
 
 
-def count_per_host(queryset: QuerySet[Any]) -> Coalesce:
-    """A correlated ``COUNT(*)`` of ``queryset`` rows of the outer host (0 when none)."""
+def count_per_host(queryset: QuerySet[Any], host: str = "pk") -> Coalesce:
+    """A correlated ``COUNT(*)`` of ``queryset`` rows of the outer host (0 when none);
+    ``host`` names the outer query's host id."""
     counted = (
-        queryset.filter(host=OuterRef("pk"))
+        queryset.filter(host=OuterRef(host))
         .order_by()
         .values("host")
         .annotate(n=Count("pk"))
@@ -117,15 +197,18 @@ def _last_pass(field: str, **extra: Any) -> Subquery:
     return Subquery(latest.values(field)[:1])
 
 
-def failure_streak() -> Coalesce:
-    """Failed passes since the host's last successful one (all of them when none succeeded)."""
+def failure_streak(host: str = "pk") -> Coalesce:
+    """Failed passes since the host's last successful one (all of them when none succeeded);
+    ``host`` names the outer query's host id."""
     last_ok = (
-        PassRecord.objects.filter(host=OuterRef(OuterRef("pk")), phase__in=SUCCEEDED)
+        PassRecord.objects.filter(host=OuterRef(OuterRef(host)), phase__in=SUCCEEDED)
         .order_by("-started_at")
         .values("started_at")[:1]
     )
     since = Coalesce(Subquery(last_ok, output_field=DateTimeField()), Value(_BEFORE_ANY_PASS))
-    return count_per_host(PassRecord.objects.filter(phase=PassPhase.FAILED, started_at__gt=since))
+    return count_per_host(
+        PassRecord.objects.filter(phase=PassPhase.FAILED, started_at__gt=since), host=host
+    )
 
 
 def last_pass_error() -> Subquery:

@@ -66,6 +66,12 @@ class PassRecord(models.Model):
         indexes = [
             models.Index(fields=["host", "-started_at"], name="da_pass_host_started"),
             models.Index(fields=["started_at"], name="da_pass_started"),  # retention
+            # The failing hosts of the host lists (Note [Host filters at scale]).
+            models.Index(
+                fields=["host", "-started_at"],
+                condition=Q(phase=PassPhase.FAILED),
+                name="da_pass_failed",
+            ),
         ]
 
     def __str__(self) -> str:

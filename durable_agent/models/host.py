@@ -36,6 +36,12 @@ class Host(models.Model):
     class Meta:
         ordering = ["key"]
         permissions = [("repair_host", "Can repair a host's alarm, lanes and retries")]
+        indexes = [
+            # The single-thread hosts of the host lists, by key (Note [Host filters at scale]).
+            models.Index(
+                fields=["key"], condition=Q(single_thread=True), name="da_host_single_thread"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.key
@@ -103,6 +109,12 @@ class MaintenanceState(models.Model):
                 condition=Q(pass_lease_owner__isnull=True, pass_lease_expires_at__isnull=True)
                 | Q(pass_lease_owner__isnull=False, pass_lease_expires_at__isnull=False),
                 name="da_state_pass_lease_all_or_none",
+            ),
+        ]
+        indexes = [
+            # The dirty hosts of the host lists (Note [Host filters at scale]).
+            models.Index(
+                fields=["host"], condition=Q(dirty__gt=F("processed")), name="da_state_dirty"
             ),
         ]
 

@@ -70,7 +70,13 @@ class DueLane(models.Model):
                 condition=Q(state__in=LaneState.values), name="da_duelane_state_valid"
             ),
         ]
-        indexes = [models.Index(fields=["due_at"], name="da_duelane_due_at")]
+        indexes = [
+            models.Index(fields=["due_at"], name="da_duelane_due_at"),
+            # The parked hosts of the host lists (Note [Host filters at scale]).
+            models.Index(
+                fields=["host"], condition=Q(state=LaneState.PARKED), name="da_duelane_parked"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.host_id}:{self.lane}@{self.revision}"

@@ -300,3 +300,54 @@ def test_browser__failing_host_and_lists_at_1400_px(
     assert page.locator("#da-approval").count() == 0
     waiting.refresh_from_db()
     assert waiting.state == "ready"
+
+
+def test_browser__host_list_prefix_search_key_sort_pages_and_count(
+    live_server: Any,
+    page: Any,
+    operator_login: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db import connection
+
+    from durable_agent.admin import paging
+    from durable_agent.admin.hosts import HostAdmin
+
+    for key in ("billing-eu", "eu-billing", "tenant-1", "tenant-2", "tenant-3", "tenant-4"):
+        HostFactory(key=key)
+    monkeypatch.setattr(HostAdmin, "list_per_page", 4)
+    if connection.vendor == "postgresql":  # Note [Estimated host counts]
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE durable_agent_host")
+        monkeypatch.setattr(paging, "EXACT_BELOW", 1)
+    base = live_server.url
+    hosts = "/admin/durable_agent/host/"
+    browser.log_in(page, base, *operator_login, hosts)
+
+    def keys() -> list[str]:
+        return list(page.locator("#result_list tbody th a").all_inner_texts())
+
+    counted = page.inner_text("p.paginator")
+    if connection.vendor == "postgresql":
+        assert "about 6 hosts" in counted
+    else:
+        assert "6 hosts" in counted
+        assert "about" not in counted
+    assert keys() == ["billing-eu", "eu-billing", "tenant-1", "tenant-2"]
+    # Only the key sorts: one sortable header, and it sorts.
+    assert page.locator("#result_list thead th.sortable").count() == 1
+    page.click("#result_list thead th.column-key_and_kind .text a")  # sorted by key: reverse
+    page.wait_for_url("**o=-1**")
+    assert keys() == ["tenant-4", "tenant-3", "tenant-2", "tenant-1"]
+    # A page link reads the next page (Note [A page is read by its ids]).
+    page.goto(f"{base}{hosts}")
+    page.click("p.paginator a:text('2')")
+    page.wait_for_url("**p=2**")
+    assert keys() == ["tenant-3", "tenant-4"]
+    # The search is a key prefix: "billing" finds billing-eu, not eu-billing.
+    page.fill("#searchbar", "billing")
+    page.press("#searchbar", "Enter")
+    page.wait_for_url("**q=billing**")
+    assert keys() == ["billing-eu"]
+    assert "1 host" in page.inner_text("p.paginator")
+    assert "Search by the start of a host key." in page.inner_text("#changelist-search")

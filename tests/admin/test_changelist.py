@@ -128,3 +128,106 @@ def test_host_changelist__constant_queries_for_1_and_50_hosts(
 
     assert one == fifty
     assert fifty <= 8, "session, user, permissions, counts and one page query"
+
+
+def test_host_changelist__only_the_key_sorts_and_the_search_is_a_key_prefix(
+    operator_client: Client,
+) -> None:
+    HostFactory(key="faulted")
+    HostFactory(key="quiet")
+    html = operator_client.get(changelist("host")).content.decode()
+    assert html.count('class="sortable') == 1  # Note [Host pages at scale]
+    assert 'class="sortable column-key_and_kind' in html
+    assert _keys(operator_client, "?q=fault") == {"faulted"}
+    assert _keys(operator_client, "?q=ault") == set()  # a prefix, not a substring
+
+
+@pytest.mark.postgres
+def test_host_changelist__an_unfiltered_large_table_is_counted_from_the_estimate(
+    operator_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_agent.admin import paging
+
+    HostFactory.create_batch(3)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_agent_host")
+    HostFactory.create_batch(2)  # not in the estimate yet
+    monkeypatch.setattr(paging, "EXACT_BELOW", 1)
+    with CaptureQueriesContext(connection) as queries:
+        response = operator_client.get(changelist("host"))
+    assert response.context["cl"].result_count == 3  # the estimate
+    assert '<span class="da-estimated"' in response.content.decode()
+    assert "about 3 hosts" in response.content.decode()
+    assert not [q for q in queries.captured_queries if q["sql"].startswith("SELECT COUNT(*)")]
+    assert operator_client.get(changelist("host") + "?q=").context["cl"].result_count == 3
+    filtered = operator_client.get(changelist("host") + "?single_thread__exact=0")
+    assert filtered.context["cl"].result_count == 5  # a filtered list is counted exactly
+    assert "da-estimated" not in filtered.content.decode()
+
+
+def test_host_changelist__a_deep_page_computes_the_columns_of_its_rows_alone(
+    operator_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_agent.admin.hosts import HostAdmin
+
+    for key in ("a", "b", "c", "d", "e"):
+        HostFactory(key=key)
+    monkeypatch.setattr(HostAdmin, "list_per_page", 2)
+    with CaptureQueriesContext(connection) as captured:
+        response = operator_client.get(changelist("host") + "?p=2")
+    assert [h.key for h in response.context["cl"].result_list] == ["c", "d"]
+    pages = [q["sql"] for q in captured.captured_queries if "durable_agent_passrecord" in q["sql"]]
+    assert len(pages) == 1  # Note [A page is read by its ids]
+    assert "OFFSET" not in pages[0]
+    assert " IN (" in pages[0]
+    ids = [q["sql"] for q in captured.captured_queries if "OFFSET 2" in q["sql"]]
+    assert len(ids) == 1
+    assert ids[0].startswith('SELECT "durable_agent_host"."id" AS "pk" FROM')
+
+
+def test_host_changelist__dirty_reads_dirty_state_rows_and_hosts_without_one(
+    operator_client: Client, clock: FakeClock, runtime: ScriptedRuntime
+) -> None:
+    owed = HostFactory(key="owed")
+    caught_up(owed)
+    runtime.submit(owed, "t1")  # a newer generation: dirty > processed
+    quiet = HostFactory(key="quiet")
+    caught_up(quiet)
+    HostFactory(key="fresh")  # no state row, no slot: dirty=1, processed=0
+    assert _keys(operator_client, "?dirty=yes") == {"owed", "fresh"}
+    assert _keys(operator_client, "?dirty=no") == {"quiet"}
+
+
+def test_host_changelist__failing_counts_the_failures_since_the_last_success(
+    operator_client: Client, clock: FakeClock
+) -> None:
+    def passes(key: str, *phases: str) -> None:
+        host = HostFactory(key=key)
+        for n, phase in enumerate(phases):
+            PassRecordFactory(host=host, phase=phase, started_at=clock.now() + timedelta(n))
+
+    passes("failing", "caught-up", "failed", "failed", "failed")
+    passes("recovered", "failed", "failed", "failed", "caught-up")
+    passes("twice", "failed", "failed")
+    passes("busy-between", "failed", "busy", "failed", "failed")
+    HostFactory(key="never")
+    assert _keys(operator_client, "?failing=yes") == {"failing", "busy-between"}
+    assert _keys(operator_client, "?failing=no") == {"recovered", "twice", "never"}
+
+
+def test_host_changelist__overdue_past_the_read_ahead_is_a_semi_join(
+    operator_client: Client, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_agent.maintenance import selectors
+
+    for key in ("late-1", "late-2", "on-time"):
+        host = HostFactory(key=key)
+        caught_up(host)
+        gate.schedule(host, "outbox", clock.now() + timedelta(minutes=5 if key == "on-time" else 0))
+    clock.advance(minutes=2)
+    assert _keys(operator_client, "?overdue=yes") == {"late-1", "late-2"}
+    monkeypatch.setattr(selectors, "OVERDUE_READ_AHEAD", 1)  # Note [Overdue slots are read first]
+    with CaptureQueriesContext(connection) as captured:
+        assert _keys(operator_client, "?overdue=yes") == {"late-1", "late-2"}
+    assert any("IN (SELECT" in q["sql"] for q in captured.captured_queries)
+    assert _keys(operator_client, "?overdue=no") == {"on-time"}

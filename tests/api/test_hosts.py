@@ -7,6 +7,7 @@ import pytest
 from ninja.testing import TestClient
 from pytest_django import DjangoAssertNumQueries
 
+from durable_agent.api.hosts import encode_host_cursor
 from durable_agent.maintenance import alarm
 from durable_agent.models import Host
 from durable_agent.testing import FakeClock, ScriptedRuntime
@@ -46,7 +47,8 @@ def test_list_hosts__counts_and_slot(
     client: TestClient, fleet: dict[str, Host], read_auth: dict[str, str]
 ) -> None:
     body = client.get("/hosts", headers=read_auth).json()
-    assert (body["count"], body["limit"], body["offset"]) == (4, 50, 0)
+    assert (body["limit"], body["next"]) == (50, None)
+    assert "count" not in body  # no page counts the hosts (Note [Host pages])
     first = body["items"][0]
     assert first == {
         "key": "a-overdue",
@@ -80,8 +82,7 @@ def test_list_hosts__counts_and_slot(
         ("faulted=false&parked=false", ["a-overdue", "d-ok"]),
         ("dirty=true", ["a-overdue"]),  # no state row reads dirty=1, processed=0
         ("dirty=false&overdue=false", ["b-parked", "c-faulted", "d-ok"]),
-        ("limit=2&offset=1", ["b-parked", "c-faulted"]),
-        ("offset=9", []),
+        ("limit=2", ["a-overdue", "b-parked"]),
     ],
 )
 def test_list_hosts__filters_and_pages(
@@ -93,12 +94,48 @@ def test_list_hosts__filters_and_pages(
 ) -> None:
     response = client.get(f"/hosts?{query}", headers=read_auth)
     assert keys(response) == expected
-    assert response.json()["count"] == (
-        4 if query.startswith(("limit", "offset")) else len(expected)
+
+
+def test_list_hosts__pages_follow_next_by_id(
+    client: TestClient, fleet: dict[str, Host], read_auth: dict[str, str]
+) -> None:
+    late = HostFactory(key="0-created-last")  # sorts first by key, comes last by id
+    seen: list[str] = []
+    url = "/hosts?limit=2"
+    pages = 0
+    while url:
+        body = client.get(url, headers=read_auth).json()
+        seen += [item["key"] for item in body["items"]]
+        pages += 1
+        url = f"/hosts?limit=2&cursor={body['next']}" if body["next"] else ""
+    assert seen == [*fleet, late.key]
+    assert pages == 3
+
+
+def test_list_hosts__a_cursor_keeps_its_filters_and_skips_nothing_created_meanwhile(
+    client: TestClient, fleet: dict[str, Host], read_auth: dict[str, str]
+) -> None:
+    first = client.get("/hosts?limit=1&overdue=false", headers=read_auth).json()
+    assert [item["key"] for item in first["items"]] == ["b-parked"]
+    HostFactory(key="e-new")
+    rest = client.get(f"/hosts?overdue=false&cursor={first['next']}", headers=read_auth)
+    assert keys(rest) == ["c-faulted", "d-ok", "e-new"]
+    assert rest.json()["next"] is None
+
+
+@pytest.mark.parametrize(
+    "cursor", ["12", "h1.!!", "h1.", "h1.LTE", "s1.MQ", encode_host_cursor(5)[:-1] + "*"]
+)
+def test_list_hosts__a_bad_cursor_is_422_invalid_cursor(
+    client: TestClient, read_auth: dict[str, str], cursor: str
+) -> None:
+    body = assert_error(
+        client.get(f"/hosts?cursor={cursor}", headers=read_auth), 422, "invalid_cursor"
     )
+    assert body["detail"] == {"cursor": cursor}
 
 
-@pytest.mark.parametrize("query", ["limit=0", "limit=501", "offset=-1", "overdue=maybe"])
+@pytest.mark.parametrize("query", ["limit=0", "limit=501", "cursor=", "overdue=maybe"])
 def test_list_hosts__bad_query_is_422(
     client: TestClient, read_auth: dict[str, str], query: str
 ) -> None:
@@ -116,10 +153,10 @@ def test_list_hosts__constant_queries(
         DueLaneFactory(host=host, state="parked")
         RecoveryFaultFactory(host=host)
         BindingRetryFactory(host=host)
-    with django_assert_num_queries(2):  # count + page, whatever the number of hosts
+    with django_assert_num_queries(1):  # the page alone, whatever the number of hosts
         assert len(client.get("/hosts", user=user).json()["items"]) == 3
     HostFactory.create_batch(5)
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(1):
         assert len(client.get("/hosts", user=user).json()["items"]) == 8
 
 
