@@ -42,7 +42,11 @@ LOGGING = {
 
 if os.environ.get("DA_SOAK"):
     # The soak kills work on purpose: short leases let it recover within the run.
-    DURABLE_AGENT = {"PASS_LEASE_TTL_MS": 5_000, "SWEEP_INTERVAL_MS": 5_000}
+    DURABLE_AGENT = {
+        "PASS_LEASE_TTL_MS": 5_000,
+        "SWEEP_INTERVAL_MS": 5_000,
+        "SWEEP_GRACE_MS": 5_000,
+    }
 
 if os.environ.get("DA_RETENTION_MS"):
     # bench/retention.py: short retention ("none" turns it off), a frequent sweep.

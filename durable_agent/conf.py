@@ -116,6 +116,15 @@ SETTINGS: tuple[Setting, ...] = (
         "How often AlarmBroker runs the backstop sweep (also once when a cluster starts).",
     ),
     Setting(
+        "SWEEP_GRACE_MS",
+        60_000,
+        int,
+        0,
+        86_400_000,
+        "How long a fired slot's delivery may wait in the queue before the sweep calls the "
+        "alarm lost and re-arms its host.",
+    ),
+    Setting(
         "PASS_WORKERS",
         2,
         int,

@@ -79,20 +79,42 @@ def sweep(*, page_size: int = SWEEP_PAGE_SIZE) -> dict[str, int]:
 
 def _sweep_page(*, after: int, limit: int) -> list[int]:
     """The ids, ascending and above ``after``, of at most ``limit`` hosts the sweep re-arms
-    (Note [The sweep walks in pages])."""
-    from django.db.models import Exists, F, OuterRef, Q
+    (Note [The sweep walks in pages], Note [A fired slot is not a lost one])."""
+    from datetime import timedelta
 
-    from durable_agent.models import BindingRetry, DueLane, Host
+    from django.db.models import F, Q
+
+    from durable_agent import clock, conf
+    from durable_agent.models import BindingRetry, DueLane, MaintenanceState
     from durable_agent.runtime import get_runtime
 
-    disarmed = Q(alarm__isnull=True) | Q(alarm__repeats=0)
-    deadline = DueLane.objects.filter(host=OuterRef("pk"), due_at__isnull=False)
-    owes = Q(maintenance__dirty__gt=F("maintenance__processed")) | Q(Exists(deadline))
-    key = get_runtime().binding_registry_key()
-    moved = BindingRetry.objects.filter(host=OuterRef("pk")).exclude(registry_key=key)
-    return list(
-        Host.objects.filter(pk__gt=after)
-        .filter((disarmed & owes) | Q(Exists(moved)))
-        .order_by("pk")
-        .values_list("pk", flat=True)[:limit]
+    fired_before = clock.now() - timedelta(milliseconds=int(conf.get("SWEEP_GRACE_MS")))
+    lost = Q(host__alarm__isnull=True) | Q(
+        host__alarm__repeats=0, host__alarm__next_run__lt=fired_before
     )
+    dirty = MaintenanceState.objects.filter(lost, dirty__gt=F("processed"), host_id__gt=after)
+    due = DueLane.objects.filter(lost, due_at__isnull=False, host_id__gt=after)
+    key = get_runtime().binding_registry_key()
+    moved = BindingRetry.objects.filter(host_id__gt=after).exclude(registry_key=key)
+    ids = (
+        dirty.order_by()
+        .values_list("host_id", flat=True)
+        .union(
+            due.order_by().values_list("host_id", flat=True),
+            moved.order_by().values_list("host_id", flat=True),
+        )
+        .order_by("host_id")
+    )
+    return list(ids[:limit])
+
+
+# Note [A fired slot is not a lost one]
+#     django-q disarms a ONCE slot (``repeats=0``, ``next_run`` left at the deadline) when it
+#     fires it, and the host's delivery may then wait in the queue for a while: behind a burst
+#     of due hosts, for minutes. A sweep that called every dirty host with a disarmed slot lost
+#     re-armed each of those queued hosts and doubled the work of a cluster that was already
+#     behind. So a disarmed slot counts as lost only once its deadline is ``SWEEP_GRACE_MS``
+#     old (a minute by default): by then its delivery has run or was lost with its worker. A
+#     host with no slot row at all is lost at once. The candidates are read from the three
+#     small sets that can hold them (dirty state rows on their partial index, lanes with a
+#     deadline, binding retries), never by walking every host.
