@@ -5,9 +5,10 @@ sentinel. These brokers keep that scan as the backstop and run the firing loop i
 dequeue (Note [Wake at the deadline]): they learn of due slots from a PostgreSQL notification
 (``durable_agent/alarm_listener.py``, migration 0009's trigger) and from a cheap probe (the
 earliest armed ``next_run``, an index-only lookup on the partial index
-``da_schedule_armed_next_run``), and call django-q's stock ``scheduler()`` at the deadline.
-Firing semantics (ONCE / repeats, the ``deadline`` kwarg, the transactional enqueue) stay
-django-q's own. The task the firing enqueued is handed to this cluster's workers at once.
+``da_schedule_armed_next_run``), and fire at the deadline: alarm slots a batch at a time
+(Note [Fire alarm slots in batches]), with django-q's ONCE semantics (``repeats``, the
+``deadline`` kwarg, the transactional enqueue), anything else with django-q's
+``scheduler()``. The tasks a firing enqueued are handed to this cluster's workers at once.
 
 Enable it in settings::
 
@@ -107,11 +108,13 @@ class AlarmFiring:
         reconnects) the probe runs every 0.1 s and a slot armed closer than that fires at the
         next probe. After a firing the loop probes again at once, so alarms due close together
         each fire on time; a slot the scheduler could not fire (it logs why and rolls back) is
-        retried at the probe rate, never in a tight loop. The tasks a firing enqueues for this
-        cluster (up to ``bulk`` of them; more are queued for every cluster) are handed to the
-        pusher in the same dequeue, once the scheduler's transaction commits, without another
-        query: the ORM broker inserts their rows already claimed, the Redis broker never pushes
-        them.
+        retried at the probe rate, never in a tight loop. A firing fires one batch of alarm
+        slots (Note [Fire alarm slots in batches]) and, when that batch was not full, runs
+        django-q's ``scheduler()`` for the rest. The tasks a firing enqueues for this cluster
+        (up to ``bulk`` of them; more from the stock scheduler are queued for every cluster)
+        are handed to the pusher in the same dequeue, once the firing's transaction commits,
+        without another query: the ORM broker inserts their rows already claimed, the Redis
+        broker never pushes them.
     """
 
     probe_interval = PROBE_INTERVAL
