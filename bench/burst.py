@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import signal
 import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from bench.common import cluster, machine, reset, setup, summary, table, wait_for
@@ -93,7 +95,9 @@ def py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
     """Sample the cluster (every process, idle threads too) until stopped: ``--profile
     out.svg`` (a flame graph) or ``out.txt`` (collapsed stacks)."""
     kind = "raw" if output.endswith(".txt") else "flamegraph"
-    command = ["py-spy", "record", "--subprocesses", "--idle", "-r", "200", "-f", kind]
+    beside = Path(sys.executable).with_name("py-spy")  # the venv's, when not on PATH
+    spy = str(beside) if beside.exists() else "py-spy"
+    command = [spy, "record", "--subprocesses", "--idle", "-r", "200", "-f", kind]
     return subprocess.Popen(
         [*command, "-o", output, "-p", str(pid)],
         stdout=subprocess.DEVNULL,

@@ -5,9 +5,10 @@ sentinel. These brokers keep that scan as the backstop and run the firing loop i
 dequeue (Note [Wake at the deadline]): they learn of due slots from a PostgreSQL notification
 (``durable_agent/alarm_listener.py``, migration 0009's trigger) and from a cheap probe (the
 earliest armed ``next_run``, an index-only lookup on the partial index
-``da_schedule_armed_next_run``), and call django-q's stock ``scheduler()`` at the deadline.
-Firing semantics (ONCE / repeats, the ``deadline`` kwarg, the transactional enqueue) stay
-django-q's own. The task the firing enqueued is handed to this cluster's workers at once.
+``da_schedule_armed_next_run``), and fire at the deadline: alarm slots a batch at a time
+(Note [Fire alarm slots in batches]), with django-q's ONCE semantics (``repeats``, the
+``deadline`` kwarg, the transactional enqueue), anything else with django-q's
+``scheduler()``. The tasks a firing enqueued are handed to this cluster's workers at once.
 
 Enable it in settings::
 
@@ -107,11 +108,13 @@ class AlarmFiring:
         reconnects) the probe runs every 0.1 s and a slot armed closer than that fires at the
         next probe. After a firing the loop probes again at once, so alarms due close together
         each fire on time; a slot the scheduler could not fire (it logs why and rolls back) is
-        retried at the probe rate, never in a tight loop. The tasks a firing enqueues for this
-        cluster (up to ``bulk`` of them; more are queued for every cluster) are handed to the
-        pusher in the same dequeue, once the scheduler's transaction commits, without another
-        query: the ORM broker inserts their rows already claimed, the Redis broker never pushes
-        them.
+        retried at the probe rate, never in a tight loop. A firing fires one batch of alarm
+        slots (Note [Fire alarm slots in batches]) and, when that batch was not full, runs
+        django-q's ``scheduler()`` for the rest. The tasks a firing enqueues for this cluster
+        (up to ``bulk`` of them; more from the stock scheduler are queued for every cluster)
+        are handed to the pusher in the same dequeue, once the firing's transaction commits,
+        without another query: the ORM broker inserts their rows already claimed, the Redis
+        broker never pushes them.
     """
 
     probe_interval = PROBE_INTERVAL
@@ -126,6 +129,7 @@ class AlarmFiring:
         self._fired: list[Any] = []
         self._firing = False
         self._kept = 0
+        self._batch: list[Any] | None = None  # tasks held back during fire_alarm_batch
         self.listener: AlarmListener | None = None
         self._listener_checked = False
 
@@ -222,7 +226,12 @@ class AlarmFiring:
         self.due_at = next_armed_run()
 
     def fire_due_alarms(self) -> bool:
-        """Probe (rate-limited) and run the scheduler when a slot is due; True if it ran."""
+        """Probe (rate-limited) and fire when a slot is due; True if it fired.
+
+        First one batch of due alarm slots (``fire_alarm_batch``); when that batch is full more
+        may be due, and the next dequeue fires the next batch once the pusher has handed this
+        one over. Otherwise django-q's stock ``scheduler()`` fires whatever else is due.
+        """
         try:
             self.probe()
             first = self.due_at
@@ -234,6 +243,9 @@ class AlarmFiring:
             self._kept = 0
             self._firing = True
             try:
+                if self.fire_alarm_batch() >= self.fire_batch_size():
+                    self.due_at = first  # still due (or fired): fire again without a probe
+                    return True
                 scheduler(broker=self)
             finally:
                 self._firing = False
@@ -244,6 +256,75 @@ class AlarmFiring:
             logger.exception("Firing due alarm slots failed")
             return False
         return True
+
+    def fire_batch_size(self) -> int:
+        """How many alarm slots one firing transaction fires: one dequeue's worth (``bulk``)."""
+        return max(1, int(Conf.BULK))
+
+    def fire_alarm_batch(self) -> int:
+        """Fire up to ``fire_batch_size()`` due alarm slots of this cluster in one transaction,
+        the earliest first; return how many fired.
+
+        Note [Fire alarm slots in batches]
+            django-q's ``scheduler()`` fires every due slot in one transaction, each with an
+            enqueue and a ``Schedule`` save, before any worker gets a task: a burst of a
+            thousand slots due at once waits seconds for its first pass. Alarm slots
+            (``func`` the alarm task, ONCE, ``repeats`` > 0, no ``kwargs``: the rows
+            ``durable_agent/maintenance/alarm.py`` writes) are fired here instead, a batch at a
+            time, with the stock semantics: each gets one task built by django-q's own
+            ``async_task`` (its ``deadline`` kwarg from ``intended_date_kwarg``, its group the
+            schedule's name, its hook), its ``task`` id recorded and ``repeats`` set to 0, all
+            in one transaction: the rows are locked with SKIP LOCKED (a slot a pass or another
+            cluster holds is left to the next firing), the tasks inserted with one statement
+            and the slots written with one. A rolled-back batch fires nothing. Every task of
+            the batch is this cluster's (``_keep_fired``), handed to its pusher once the
+            transaction commits, so the next batch fires only when the pusher comes back for
+            more work: a burst is shared between clusters at the rate each one runs it, and
+            a slot waits armed, never disarmed with its task queued, until a pusher takes it.
+        """
+        import ast
+
+        from django_q.tasks import async_task
+
+        from durable_agent import conf
+
+        alias = router.db_for_write(Schedule)
+        self._batch = []
+        try:
+            with transaction.atomic(using=alias):
+                slots = list(
+                    Schedule.objects.using(alias)
+                    .select_for_update(skip_locked=True, of=("self",))
+                    .filter(_mine(), func=conf.alarm_task(), schedule_type=Schedule.ONCE)
+                    .filter(Q(kwargs__isnull=True) | Q(kwargs=""))
+                    .filter(repeats__gt=0, next_run__lt=timezone.now())
+                    .order_by("next_run")[: self.fire_batch_size()]
+                )
+                for slot in slots:
+                    args = ast.literal_eval(slot.args) if slot.args else ()
+                    if type(args) is not tuple:
+                        args = (args,)
+                    q_options: dict[str, Any] = {
+                        "broker": self,
+                        "cluster": slot.cluster,
+                        "group": slot.name or slot.id,
+                    }
+                    if slot.hook:
+                        q_options["hook"] = slot.hook
+                    kwargs: dict[str, Any] = {"q_options": q_options}
+                    if slot.intended_date_kwarg:
+                        kwargs[slot.intended_date_kwarg] = slot.next_run.isoformat()
+                    slot.task = async_task(slot.func, *args, **kwargs)
+                    slot.repeats = 0
+                self.flush_batch(alias)
+                if slots:
+                    Schedule.objects.using(alias).bulk_update(slots, ["task", "repeats"])
+        finally:
+            self._batch = None
+        return len(slots)
+
+    def flush_batch(self, alias: str) -> None:
+        """Write the tasks ``enqueue`` held back during ``fire_alarm_batch`` (none by default)."""
 
     def wait(self, poll: float) -> None:
         """Idle until the poll ends, the next probe, the known deadline or a notification."""
@@ -277,11 +358,26 @@ class AlarmBroker(AlarmFiring, ORM):  # type: ignore[misc]
         deadline])."""
         if not self._keep_fired():
             return super().enqueue(task)
+        if self._batch is not None:  # fire_alarm_batch inserts them together (flush_batch)
+            self._batch.append(task)
+            return None
         row = OrmQ.objects.using(Conf.ORM).create(
             key=self.list_key or Conf.CLUSTER_NAME, payload=task, lock=self.timeout(None)
         )
         self._on_commit(lambda: self._fired.append((row.pk, task)))
         return row.pk
+
+    def flush_batch(self, alias: str) -> None:
+        """Insert the batch's tasks with one statement, already claimed like ``enqueue``'s."""
+        if not self._batch:
+            return
+        key = self.list_key or Conf.CLUSTER_NAME
+        lock = self.timeout(None)
+        rows = OrmQ.objects.using(Conf.ORM).bulk_create(
+            [OrmQ(key=key, payload=task, lock=lock) for task in self._batch]
+        )
+        fired = [(row.pk, row.payload) for row in rows]
+        self._on_commit(lambda: self._fired.extend(fired))
 
     def claim_fired(self) -> list[tuple[Any, Any]]:
         fired, self._fired = self._fired, []

@@ -92,13 +92,14 @@ def test_probe__after_a_firing_it_looks_again_at_once_but_not_at_a_stuck_slot(
     broker.probe_interval = 60.0
     fired: list[int] = []
     monkeypatch.setattr(broker_module, "scheduler", lambda broker: fired.append(1))
-    assert fire_when_due(broker) is True  # the slot is due; this scheduler cannot fire it
+    monkeypatch.setattr(AlarmBroker, "fire_alarm_batch", lambda self: 0)
+    assert fire_when_due(broker) is True  # the slot is due; this firing cannot fire it
     assert broker.fire_due_alarms() is True  # a firing: looked again at once
     assert broker.fire_due_alarms() is False  # the same slot again: back to the probe rate
     assert len(fired) == 2
     monkeypatch.undo()
     broker._next_probe = 0.0
-    assert broker.fire_due_alarms() is True  # django-q's scheduler fires it, at the probe rate
+    assert broker.fire_due_alarms() is True  # the batch firing fires it, at the probe rate
     assert OrmQ.objects.count() == 1
     other = Host.objects.create(key="next")
     caught_up(other)
@@ -128,28 +129,46 @@ def test_dequeue__hands_over_the_fired_task_in_the_same_call(db: None) -> None:
     assert broker.ready_tasks() == []
 
 
-def test_dequeue__a_burst_keeps_bulk_tasks_and_queues_the_rest_for_every_cluster(
+def test_dequeue__a_burst_fires_bulk_slots_per_dequeue_and_leaves_the_rest_armed(
     db: None,
 ) -> None:
     from django_q.conf import Conf
+    from django_q.signing import SignedPackage
 
     count = Conf.BULK + 2
     for i in range(count):
         host = Host.objects.create(key=f"burst-{i}")
         caught_up(host)
         gate.schedule(host, LIFECYCLE, timezone.now())
-    Schedule.objects.update(next_run=timezone.now() - timedelta(seconds=1))
+    due = timezone.now() - timedelta(seconds=1)
+    Schedule.objects.update(next_run=due)
     broker = AlarmBroker()
     broker.listen = False
     broker._next_sweep = float("inf")
-    kept = broker.dequeue()  # one firing enqueues every due slot
-    assert OrmQ.objects.count() == count
+    kept = broker.dequeue()  # one firing: one batch of bulk slots, all handed to this pusher
     assert len(kept) == Conf.BULK
-    others = AlarmBroker().ready_tasks()  # another cluster's dequeue takes the rest
-    assert len(others) == count - Conf.BULK
-    assert {pk for pk, _ in kept} | {pk for pk, _ in others} == set(
+    assert OrmQ.objects.count() == Conf.BULK
+    assert Schedule.objects.exclude(repeats=0).count() == count - Conf.BULK
+    other = AlarmBroker()  # another cluster's pusher fires the rest
+    other.listen = False
+    other._next_sweep = float("inf")
+    rest = other.dequeue()
+    assert len(rest) == count - Conf.BULK
+    assert not Schedule.objects.exclude(repeats=0).exists()
+    assert {pk for pk, _ in kept} | {pk for pk, _ in rest} == set(
         OrmQ.objects.values_list("pk", flat=True)
     )
+    # django-q's ONCE semantics: the deadline kwarg, the group, the task id on the slot.
+    tasks = [SignedPackage.loads(payload) for _, payload in kept + rest]
+    slots = {s.pk: s for s in Schedule.objects.all()}
+    by_host = {s.args: s for s in slots.values()}
+    assert len(tasks) == count
+    for task in tasks:
+        slot = by_host[repr(task["args"][0])]
+        assert task["func"] == "durable_agent.tasks.fire_alarm"
+        assert task["kwargs"] == {"deadline": due.isoformat()}
+        assert task["group"] == slot.name
+        assert slot.task == task["id"]
 
 
 def test_dequeue__a_rolled_back_firing_hands_over_nothing(
@@ -165,12 +184,41 @@ def test_dequeue__a_rolled_back_firing_hands_over_nothing(
         raise RuntimeError("the firing's transaction rolls back")
 
     monkeypatch.setattr(Schedule, "save", fail)
+    monkeypatch.setattr(AlarmBroker, "fire_alarm_batch", lambda self: 0)
     broker = AlarmBroker()
     broker.listen = False
     assert broker.fire_due_alarms() is True  # django-q logged the failure and rolled back
     assert broker.claim_fired() == []
     assert OrmQ.objects.count() == 0
     assert alarm.scheduled(host) == deadline  # still armed, for the next probe
+
+
+def test_dequeue__a_rolled_back_batch_firing_fires_nothing(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db.models import QuerySet
+
+    hosts = [Host.objects.create(key=f"rollback-{i}") for i in range(2)]
+    deadline = timezone.now() - timedelta(seconds=1)
+    for host in hosts:
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, timezone.now())
+    Schedule.objects.update(next_run=deadline)
+
+    def fail(self: QuerySet[Schedule], *args: object, **kwargs: object) -> int:
+        raise RuntimeError("the batch's slot update fails after its tasks were inserted")
+
+    monkeypatch.setattr(QuerySet, "bulk_update", fail)
+    broker = AlarmBroker()
+    broker.listen = False
+    broker._next_sweep = float("inf")
+    assert broker.dequeue() is None  # logged; the stock 30 s scan remains the backstop
+    assert broker.claim_fired() == []
+    assert OrmQ.objects.count() == 0
+    assert [alarm.scheduled(host) for host in hosts] == [deadline, deadline]
+    monkeypatch.undo()
+    broker._next_probe = 0.0
+    assert len(broker.dequeue()) == 2  # the next probe fires them
 
 
 def test_probe__a_slot_due_after_the_next_probe_is_left_for_it(db: None) -> None:
