@@ -16,7 +16,6 @@ from durable_agent.errors import InvalidInput
 from durable_agent.maintenance.alarm import Checkpoint, _actor_name
 from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import NATIVE, validate_lane_id
-from durable_agent.maintenance.passes import run_pass
 from durable_agent.maintenance.transactions import run_alarm_transaction
 from durable_agent.models import (
     AlarmAudit,
@@ -212,6 +211,9 @@ def fault_retry_now(
 
 def pass_now(*, host: Host | str | int, actor: Any = None, reason: str = "") -> Any:
     """Audit, then run a maintenance pass of ``host`` at once; returns its PassReport."""
+    # deferred: looked up at call time, so a replaced passes.run_pass is the one run
+    from durable_agent.maintenance.passes import run_pass
+
     reason = validate_reason(reason)
     actor_name = _actor_name(actor)
     now = clock.now()
