@@ -9,6 +9,7 @@ class DurableAgentConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
+        # deferred: Django - checks imports models; the app registry is not ready at apps.py load
         from durable_agent import checks  # noqa: F401  (registers the system checks)
 
         # Each installed app's agents.py and lanes.py register at import, as admin.py does.

@@ -225,6 +225,7 @@ def check_project(
 def _is_alarm_broker(path: object) -> bool:
     if not isinstance(path, str) or not path:
         return False
+    # deferred: Django - broker imports django_q models; checks is imported from AppConfig.ready
     from durable_agent.broker import AlarmFiring
 
     try:
@@ -301,8 +302,9 @@ def check_alarm_invariant(
         return []
     from django.db import DatabaseError
 
+    # deferred: Django - both import models; checks is imported from AppConfig.ready
     from durable_agent.maintenance.audit import audit_all
-    from durable_agent.runtime import get_runtime
+    from durable_agent.runtime import get_runtime  # deferred: Django - settings read at import
 
     try:
         summary = audit_all(registry_key=get_runtime().binding_registry_key())

@@ -6,6 +6,8 @@ are milliseconds, as upstream. ``checks.py`` validates the dict (``durable_agent
 ``recommended_q_cluster()`` and ``recommended_database()`` are the one known-good configuration
 of django-q2 and the database; a project's settings module calls them (importing this module
 touches no settings and no models).
+
+Size: one documented accessor per setting; a flat list of declarations.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def in_current_trace(fn: Callable[[], T]) -> Callable[[], T]:
 
 def _metrics() -> Any:
     try:
-        from durable_agent.contrib import metrics
+        from durable_agent.contrib import metrics  # deferred: optional extra (prometheus_client)
     except ImportError:  # prometheus_client is not installed
         return None
     return metrics
@@ -170,6 +170,7 @@ class FleetSnapshot:
 def fleet_snapshot(*, now: datetime | None = None) -> FleetSnapshot:
     """The fleet's counts now (four queries, whatever the number of hosts), with the states of
     the shared read model (``durable_agent.maintenance.selectors``)."""
+    # deferred: import cycle - the maintenance package's __init__ imports gate, which imports this
     from durable_agent.maintenance import selectors
     from durable_agent.models import DueLane, LaneState, Submission, SubmissionState
 
@@ -186,6 +187,6 @@ def fleet_snapshot(*, now: datetime | None = None) -> FleetSnapshot:
 
 
 def _pass_record() -> Any:
-    from durable_agent.models import PassRecord
+    from durable_agent.models import PassRecord  # deferred: as for selectors in fleet_snapshot
 
     return PassRecord

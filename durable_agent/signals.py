@@ -87,7 +87,7 @@ def send_on_commit(signal: Signal, sender: Any, **kwargs: Any) -> None:
 
 def submission_settled_on_commit(submission_id: int, host_id: int, outcome: Any) -> None:
     """``submission_settled`` for a settlement written in the current transaction."""
-    from durable_agent.models import Submission
+    from durable_agent.models import Submission  # deferred: Django - importable before apps ready
 
     send_on_commit(
         submission_settled,

@@ -11,6 +11,7 @@ from django.http import HttpRequest
 
 from durable_agent import clock
 from durable_agent.admin import queries
+from durable_agent.models import SubmissionState
 
 
 class _YesNoFilter(admin.SimpleListFilter):
@@ -133,8 +134,6 @@ class HeadStateFilter(admin.SimpleListFilter):
     parameter_name = "head_state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        from durable_agent.models import SubmissionState
-
         return [
             (value, label)
             for value, label in SubmissionState.choices

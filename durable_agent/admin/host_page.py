@@ -11,9 +11,9 @@ from durable_agent.admin import formatting as fmt
 from durable_agent.maintenance import selectors
 from durable_agent.maintenance.alarm import slot_deadline
 from durable_agent.maintenance.audit import HostAudit, audit_host
-from durable_agent.maintenance.due_queue import EPOCH
 from durable_agent.maintenance.lane_ids import FRAMEWORK_LANES
 from durable_agent.maintenance.selectors import OVERDUE_AFTER, overdue_by
+from durable_agent.maintenance.types import EPOCH
 from durable_agent.models import (
     AlarmAudit,
     BindingRetry,

@@ -34,6 +34,8 @@ def _badge(tone: str, text: str) -> str:
 
 @admin.register(Host)
 class HostAdmin(ReadOnlyAdmin[Host]):
+    """Size: one ModelAdmin: its list, its detail page and its audited repair actions."""
+
     list_display = [
         "key_and_kind",
         "health",

@@ -155,6 +155,8 @@ class ThreadAdmin(ReadOnlyAdmin[Thread]):
 
 @admin.register(Submission)
 class SubmissionAdmin(ReadOnlyAdmin[Submission]):
+    """Size: one ModelAdmin: its list, its detail page and its actions."""
+
     list_display = [
         "id",
         "thread_link",

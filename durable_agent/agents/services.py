@@ -14,6 +14,8 @@ Limits:
     * thread keys: 1 to 256 characters; idempotency keys: 1 to 200 characters.
     * no key, string or payload may hold a NUL character or a lone surrogate (Note [Storable
       text] in ``durable_agent/text.py``).
+
+Size: the agent services share one transaction skeleton; splitting them by verb is pending.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ def _build_router() -> Router:
     _require_ninja()
     from ninja import Router
 
+    # deferred: optional extra - these import django-ninja, checked by _require_ninja() above
     from durable_agent.api import hosts, repairs, submissions
     from durable_agent.api.auth import AUTH, bind_permissions
     from durable_agent.api.errors import answer_methods_in_contract, bind_error_contract
@@ -72,7 +73,7 @@ def __getattr__(name: str) -> Any:
     global _router
     if name == "not_found":
         _require_ninja()
-        from durable_agent.api.errors import not_found
+        from durable_agent.api.errors import not_found  # deferred: optional extra (ninja)
 
         return not_found
     if name != "router":

@@ -20,6 +20,8 @@ Note [Refused before any work]
     path does not have is 405 ``method_not_allowed`` from :class:`JsonPathView`, the class the
     router gives its path views (ninja's own answers text). A path under the mount that no
     route matches never reaches ninja: the project routes it to :func:`not_found`.
+
+Size: the error contract (every status, schema and handler) is read best in one place.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ Datetimes in requests must carry a UTC offset.
 
 Request bodies are JSON objects (:class:`ObjectIn`), never an array, a string or ``null``, and
 their booleans are JSON ``true`` or ``false``; query booleans are ``true`` or ``false``.
+
+Size: one explicit schema per body; a flat list of declarations.
 """
 
 from __future__ import annotations

@@ -9,106 +9,43 @@ transaction commits, together with the facts and lanes it belongs to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-from django_q.models import Schedule
+from typing import Any
 
 from durable_agent import clock, conf, signals
-from durable_agent.errors import InvalidInput, RearmRefused
-from durable_agent.maintenance.due_queue import validate_deadline
+from durable_agent.errors import HostNotFound, InvalidInput, RearmRefused
+from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.slot import (  # re-exported for the modules that import them here
+    apply_checkpoint as apply_checkpoint,
+)
+from durable_agent.maintenance.slot import (
+    slot_deadline as slot_deadline,
+)
+from durable_agent.maintenance.transactions import resolve_host_id, run_alarm_transaction
+from durable_agent.maintenance.types import (  # re-exported for the modules that import them here
+    AT as AT,
+)
+from durable_agent.maintenance.types import (
+    CANCEL as CANCEL,
+)
+from durable_agent.maintenance.types import (
+    EARLIER as EARLIER,
+)
+from durable_agent.maintenance.types import (
+    Checkpoint as Checkpoint,
+)
+from durable_agent.maintenance.types import (
+    validate_deadline,
+)
 from durable_agent.models import AlarmAudit, Host, MaintenanceState
 from durable_agent.text import check_text, is_blank, validate_reason
-
-if TYPE_CHECKING:
-    from durable_agent.maintenance.due_queue import DueQueue
-
-AT = "at"
-EARLIER = "earlier"
-CANCEL = "cancel"
-
-
-@dataclass
-class Checkpoint:
-    """The checkpoint intent of one alarm transaction; the last call wins."""
-
-    current: datetime | None
-    intent: tuple[str, datetime | None] | None = None
-
-    def at(self, when: datetime) -> None:
-        """Replace the slot with ``when`` (it may move later)."""
-        self.intent = (AT, validate_deadline(when, name="alarm time"))
-
-    def earlier(self, when: datetime) -> None:
-        """Arm the slot at ``when`` unless it already holds an earlier time."""
-        self.intent = (EARLIER, validate_deadline(when, name="alarm time"))
-
-    def cancel(self) -> None:
-        """Disarm the slot."""
-        self.intent = (CANCEL, None)
-
-    def target(self) -> datetime | None:
-        """The slot time once the intent is applied."""
-        if self.intent is None:
-            return self.current
-        operation, when = self.intent
-        if operation == AT:
-            return when
-        if operation == EARLIER:
-            assert when is not None
-            return when if self.current is None or self.current > when else self.current
-        return None
-
-
-def slot_deadline(schedule: Schedule | None) -> datetime | None:
-    """The deadline a schedule row holds, or None when it is disarmed or missing."""
-    if schedule is None or schedule.repeats == 0:
-        return None
-    value: datetime = schedule.next_run
-    return value
-
-
-def apply_checkpoint(host: Host, checkpoint: Checkpoint) -> datetime | None:
-    """Write the checkpoint's target to the host's schedule row (inside the alarm transaction)."""
-    target = checkpoint.target()
-    if checkpoint.intent is None or target == checkpoint.current:
-        return target
-    schedule = host.alarm
-    if schedule is None:
-        if target is None:
-            return None
-        schedule = Schedule.objects.create(
-            name=f"durable_agent:host:{host.pk}",
-            func=conf.alarm_task(),
-            args=repr(host.pk),
-            schedule_type=Schedule.ONCE,
-            repeats=1,
-            next_run=target,
-            intended_date_kwarg="deadline",
-            cluster=conf.alarm_cluster(),
-        )
-        Host.objects.filter(pk=host.pk).update(alarm=schedule)
-        host.alarm = schedule
-    elif target is None:
-        Schedule.objects.filter(pk=schedule.pk).update(repeats=0)
-        schedule.repeats = 0
-    else:
-        Schedule.objects.filter(pk=schedule.pk).update(next_run=target, repeats=1)
-        schedule.next_run, schedule.repeats = target, 1
-    checkpoint.current = target
-    return target
 
 
 def scheduled(host: Host | str | int) -> datetime | None:
     """The time the host's slot holds (None when disarmed). Read-only."""
-    from durable_agent.maintenance.transactions import resolve_host_id
-
     row = Host.objects.select_related("alarm").filter(pk=resolve_host_id(host)).first()
     if row is None:
-        from durable_agent.errors import HostNotFound
-
         raise HostNotFound(f"No host {host!r}", host=host)
     return slot_deadline(row.alarm)
 
@@ -181,8 +118,6 @@ def rearm(
     Returns:
         The time the slot now holds, or None when nothing is due and the slot was disarmed.
     """
-    from durable_agent.maintenance.transactions import run_alarm_transaction
-
     if at is not None:
         at = validate_deadline(at, name="at")
     reason = validate_reason(reason)

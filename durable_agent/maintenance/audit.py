@@ -20,7 +20,8 @@ from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
 
 from durable_agent import clock, conf
 from durable_agent.maintenance import selectors
-from durable_agent.maintenance.alarm import slot_deadline
+from durable_agent.maintenance.alarm import rearm, slot_deadline
+from durable_agent.maintenance.passes import ensure_alarm
 from durable_agent.maintenance.selectors import OVERDUE_AFTER
 from durable_agent.models import (
     BindingRetry,
@@ -334,9 +335,6 @@ def repair_host(
 ) -> datetime | None:
     """Re-arm a violating host: ensure_alarm (registry, lanes), then a recomputed, audited
     rearm; expired tickets are deleted."""
-    from durable_agent.maintenance.alarm import rearm
-    from durable_agent.maintenance.passes import ensure_alarm
-
     MutationTicket.objects.filter(host_id=host.pk, expires_at__lte=clock.now()).delete()
     ensure_alarm(host)
     return rearm(host, actor=actor, reason=reason or "invariant audit repair")

@@ -33,8 +33,9 @@ from django.utils import timezone
 from durable_agent import clock, conf
 from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound, RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
-from durable_agent.maintenance.due_queue import EPOCH
 from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.transactions import _safe_message
+from durable_agent.maintenance.types import EPOCH, ProgressOp, ScheduleOp
 from durable_agent.models import MaintenanceState
 
 SQL = (
@@ -73,18 +74,16 @@ class Intent:
 
 
 def fold(host_id: int, ops: list[object]) -> Intent | None:
-    """The intent of ``ops`` (gate ``_Schedule``/``_Progress``), or None for the Python path."""
-    from durable_agent.maintenance.gate import _Progress, _Schedule
-
+    """The intent of ``ops`` (gate ``ScheduleOp``/``ProgressOp``), or None for the Python path."""
     delay = conf.minimum_alarm_delay()
     intent = Intent(host_id)
     for op in ops:
-        if isinstance(op, _Schedule):
+        if isinstance(op, ScheduleOp):
             if op.cursor is not None or op.due_at < EPOCH or op.now < EPOCH:
                 return None
             intent.call(op.lane, op.due_at, progress=False)
             intent.wake, intent.wake_after_lanes = op.now + delay, True
-        elif isinstance(op, _Progress):
+        elif isinstance(op, ProgressOp):
             if op.now < EPOCH:
                 return None
             for lane in sorted(op.lanes):
@@ -144,14 +143,10 @@ def commit(intent: Intent, operation: str) -> int:
     except DatabaseError as exc:
         raise _translated(exc, intent.host_id, operation) from exc
     except Exception as exc:
-        from durable_agent.maintenance.transactions import _safe_message
-
         raise AlarmError(operation, _safe_message(exc)) from exc
 
 
 def _translated(exc: DatabaseError, host_id: int, operation: str) -> DurableAgentError:
-    from durable_agent.maintenance.transactions import _safe_message
-
     cause = exc.__cause__
     code = getattr(cause, "sqlstate", None)
     if code == "DA001":

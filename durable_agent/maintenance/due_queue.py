@@ -7,95 +7,21 @@ a compare-and-set on ``revision``: a row that moved behind the view fails the wh
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 
-from durable_agent.errors import InvalidDeadline, InvalidInput, RevisionConflict
+from durable_agent.errors import RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
+from durable_agent.maintenance.rows import load_lanes, update_where
+from durable_agent.maintenance.types import (  # EPOCH and Lane re-exported for passes, waves
+    EPOCH as EPOCH,
+)
+from durable_agent.maintenance.types import Lane as Lane
+from durable_agent.maintenance.types import validate_cursor, validate_deadline
 from durable_agent.models import DueLane, Host, LaneState
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-MAX_PROGRESS_KEY_LENGTH = 512
-
-
-@dataclasses.dataclass(frozen=True)
-class Lane:
-    """An immutable image of one due-queue row."""
-
-    lane: str
-    revision: int = 0
-    due_at: datetime | None = None
-    stalls: int = 0
-    progress_key: str | None = None
-    not_before: datetime | None = None
-    state: str = LaneState.PENDING
-    reported: bool = False
-
-    @property
-    def floor(self) -> datetime:
-        """The retry floor (``not_before``, the epoch when unset)."""
-        return self.not_before or EPOCH
-
-    @property
-    def parked(self) -> bool:
-        return self.state == LaneState.PARKED
-
-    def replace(self, **changes: object) -> Lane:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-    @classmethod
-    def from_model(cls, row: DueLane) -> Lane:
-        return cls(
-            lane=row.lane,
-            revision=row.revision,
-            due_at=row.due_at,
-            stalls=row.stalls,
-            progress_key=row.progress_key,
-            not_before=row.not_before,
-            state=row.state,
-            reported=row.reported,
-        )
-
-    def fields(self) -> dict[str, object]:
-        return {
-            "revision": self.revision,
-            "due_at": self.due_at,
-            "stalls": self.stalls,
-            "progress_key": self.progress_key,
-            "not_before": self.not_before,
-            "state": self.state,
-            "reported": self.reported,
-        }
-
-
-def validate_deadline(value: object, *, name: str = "due_at") -> datetime:
-    """Return ``value`` as an aware UTC datetime, or raise :class:`InvalidDeadline`."""
-    if not isinstance(value, datetime):
-        raise InvalidDeadline(
-            f"{name} must be an aware datetime, not {type(value).__name__}", value=value
-        )
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidDeadline(f"{name} must be an aware datetime, not a naive one", value=value)
-    return value.astimezone(UTC)
-
-
-def validate_cursor(value: object) -> int:
-    """A progress cursor is a committed source fact id: an int >= 0 of at most 512 digits."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(
-            f"A progress cursor must be an int >= 0, not {type(value).__name__}", cursor=value
-        )
-    if value < 0:
-        raise InvalidInput(f"A progress cursor must be >= 0, not {value}", cursor=value)
-    if len(str(value)) > MAX_PROGRESS_KEY_LENGTH:
-        raise InvalidInput(
-            f"A progress cursor has at most {MAX_PROGRESS_KEY_LENGTH} digits", cursor=value
-        )
-    return value
 
 
 def _ms(milliseconds: int) -> timedelta:
@@ -103,7 +29,10 @@ def _ms(milliseconds: int) -> timedelta:
 
 
 class DueQueue:
-    """The buffered view of one host's lanes inside one alarm transaction."""
+    """The buffered view of one host's lanes inside one alarm transaction.
+
+    Size: the due queue's primitives are one state machine over the buffered rows.
+    """
 
     def __init__(self, host_id: int, rows: Iterable[Lane]) -> None:
         self.host_id = host_id
@@ -117,8 +46,6 @@ class DueQueue:
     def load(cls, host_id: int) -> tuple[DueQueue, Host | None]:
         """Read (and on PostgreSQL lock) the host's rows, in lane order, with the host and its
         alarm slot joined in (one statement; see Note [Read the slot after the lock])."""
-        from durable_agent.maintenance.rows import load_lanes  # Note [Reads written once]
-
         rows, host = load_lanes(host_id)
         if host is None:  # no lanes yet (a first use): the host and its slot alone
             host = Host.objects.select_related("alarm").filter(pk=host_id).first()
@@ -306,8 +233,6 @@ class DueQueue:
         if not changes:
             return 0
         failpoints.hit("maintenance:queue:flush")
-        from durable_agent.maintenance.rows import update_where  # Note [Reads written once]
-
         for lane, before, after in changes:
             if before is None:
                 try:

@@ -19,6 +19,8 @@ Note [Buffered intent]
     between two frames, or around the outermost one, cannot own buffered intent and is refused.
     On PostgreSQL the replay of usual intent is one call of a server-side function
     (``commit_function.py``, Note [The commit function]).
+
+Size: the gate's frames, its replay and its commit path read together.
 """
 
 from __future__ import annotations
@@ -37,13 +39,20 @@ from django.db import transaction as db_transaction
 from durable_agent import clock, conf, observability
 from durable_agent.errors import AlarmError, GateMisuse, InvalidInput
 from durable_agent.maintenance import commit_function, failpoints, registry
-from durable_agent.maintenance.alarm import Checkpoint, clear_retry
-from durable_agent.maintenance.due_queue import DueQueue, validate_cursor, validate_deadline
+from durable_agent.maintenance.alarm import clear_retry
+from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
 from durable_agent.maintenance.transactions import (
     resolve_host_id,
     run_alarm_transaction,
     user_atomic_depth,
+)
+from durable_agent.maintenance.types import (
+    Checkpoint,
+    ProgressOp,
+    ScheduleOp,
+    validate_cursor,
+    validate_deadline,
 )
 from durable_agent.models import Host, MaintenanceState, MutationTicket
 
@@ -67,24 +76,7 @@ _native_source: contextvars.ContextVar[bool] = contextvars.ContextVar(
 _local = threading.local()
 
 
-@dataclass(frozen=True)
-class _Schedule:
-    host_id: int
-    lane: str
-    due_at: datetime
-    cursor: int | None
-    now: datetime
-
-
-@dataclass(frozen=True)
-class _Progress:
-    host_id: int
-    lanes: frozenset[str]
-    now: datetime
-    native_source: bool
-
-
-_Op = _Schedule | _Progress
+_Op = ScheduleOp | ProgressOp
 
 
 @dataclass
@@ -155,8 +147,8 @@ class SourceTransaction:
             self._frame.ops.append(op)
 
 
-def _schedule_op(host_id: int, lane: str, due_at: datetime, cursor: int | None) -> _Schedule:
-    return _Schedule(
+def _schedule_op(host_id: int, lane: str, due_at: datetime, cursor: int | None) -> ScheduleOp:
+    return ScheduleOp(
         host_id=host_id,
         lane=validate_lane_id(lane),
         due_at=validate_deadline(due_at),
@@ -165,7 +157,7 @@ def _schedule_op(host_id: int, lane: str, due_at: datetime, cursor: int | None) 
     )
 
 
-def _progress_op(host_id: int, lanes: Iterable[str]) -> _Progress | None:
+def _progress_op(host_id: int, lanes: Iterable[str]) -> ProgressOp | None:
     if isinstance(lanes, str):
         raise InvalidInput("lanes must be a list of lane ids, not a string", lanes=lanes)
     affected = {validate_lane_id(lane) for lane in lanes}
@@ -176,12 +168,12 @@ def _progress_op(host_id: int, lanes: Iterable[str]) -> _Progress | None:
         affected.add(NATIVE)
     if not affected:
         return None
-    return _Progress(host_id, frozenset(affected), clock.now(), _native_source.get())
+    return ProgressOp(host_id, frozenset(affected), clock.now(), _native_source.get())
 
 
 def _replay(op: _Op, state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
     delay = conf.minimum_alarm_delay()
-    if isinstance(op, _Schedule):
+    if isinstance(op, ScheduleOp):
         if op.cursor is None:
             queue.dirty(op.lane, op.due_at)
         elif queue.progress(op.lane, op.due_at, op.cursor) and op.lane in (NATIVE, PUBLICATION):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
-from durable_agent import clock
 from durable_agent.errors import InvalidInput
+from durable_agent.maintenance import registry
 from durable_agent.maintenance.lane_ids import (
     LIFECYCLE,
     MESSAGES,
@@ -24,9 +24,13 @@ from durable_agent.maintenance.lane_ids import (
     RECOVERY_EVENTS,
     validate_host_lane_id,
 )
+from durable_agent.maintenance.recovery_events import deliver_recovery_events
+from durable_agent.maintenance.types import (  # re-exported for durable_agent.lanes, waves, passes
+    LaneContext as LaneContext,
+)
 
 if TYPE_CHECKING:
-    from durable_agent.models import Host
+    pass
 
 Phase = Literal["concurrent", "after-native"]
 PHASES: tuple[Phase, ...] = ("concurrent", "after-native")
@@ -34,23 +38,6 @@ MIN_ALLOWANCE_MS = 1
 MAX_ALLOWANCE_MS = 300_000
 DEFAULT_ALLOWANCE_MS = 30_000
 RECOVERY_EVENT_LANE_ALLOWANCE_MS = 30_000
-
-
-@dataclass
-class LaneContext:
-    """What a lane handler gets: its host, its lane, its deadline and a cancellation flag."""
-
-    host: Host
-    lane: str
-    deadline: datetime
-    _cancelled: threading.Event
-
-    def now(self) -> datetime:
-        return clock.now()
-
-    def cancelled(self) -> bool:
-        """True once the pass gave up on this wave (allowance overrun or pass deadline)."""
-        return self._cancelled.is_set()
 
 
 Handler = Callable[[LaneContext], "datetime | None"]
@@ -137,8 +124,6 @@ def install_framework(
     None restores the empty default. A publication handler other than the default keeps the
     publication barrier: native mutations then enroll the publication lane too.
     """
-    from durable_agent.maintenance import registry
-
     if lane not in _framework:
         raise InvalidInput(f"{lane!r} is not a replaceable framework lane")
     spec = LaneSpec(lane, _idle) if run is None else _spec(lane, run, phase, allowance_ms)
@@ -153,8 +138,6 @@ def handler(lane: str) -> LaneSpec | None:
     if lane == NATIVE:
         return None
     if lane == RECOVERY_EVENTS:
-        from durable_agent.maintenance.recovery import deliver_recovery_events
-
         return LaneSpec(
             RECOVERY_EVENTS, deliver_recovery_events, "concurrent", RECOVERY_EVENT_LANE_ALLOWANCE_MS
         )
@@ -179,8 +162,6 @@ def snapshot() -> tuple[dict[str, LaneSpec], dict[str, LaneSpec]]:
 
 
 def restore(saved: tuple[dict[str, LaneSpec], dict[str, LaneSpec]]) -> None:
-    from durable_agent.maintenance import registry
-
     with _lock:
         _host_lanes.clear()
         _host_lanes.update(saved[0])

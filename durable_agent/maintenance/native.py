@@ -33,6 +33,8 @@ Note [Select again after recovery]
     head becomes a stable wait, an expired lease becomes ``ready``). The port keeps that one
     refill: when the first selection dispatched nothing and the backlog was swept, the pass
     observes and selects once more before its checkpoint.
+
+Size: the native step (NativeStep) follows the phases of one pass; splitting it is pending.
 """
 
 from __future__ import annotations
@@ -104,7 +106,10 @@ class _View:
 
 @dataclass
 class NativeStep:
-    """Runs the native step of one pass for one host."""
+    """Runs the native step of one pass for one host.
+
+    Size: the phases of one native pass share its state; a split by phase is pending.
+    """
 
     host: Host
     runtime: Runtime

@@ -17,17 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from durable_agent import clock
 from durable_agent.maintenance import backoff, failpoints, gate, work_cursors
-from durable_agent.maintenance.alarm import Checkpoint
-from durable_agent.maintenance.due_queue import EPOCH, DueQueue
+from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
+from durable_agent.maintenance.recovery_events import (  # re-exported from its old home
+    deliver_recovery_events as deliver_recovery_events,
+)
 from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.types import EPOCH, Checkpoint
 from durable_agent.maintenance.waves import RecoveryTimeout, bounded_call
 from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
 
 if TYPE_CHECKING:
-    from durable_agent.maintenance.lane_registry import LaneContext
     from durable_agent.models import Host
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -249,37 +251,6 @@ def load_recovery_faults(
             recovery.faults.pop(thread, None)
         else:
             recovery.faults[thread] = updated
-
-
-def deliver_recovery_events(ctx: LaneContext) -> datetime | None:
-    """The recovery-events lane: send each undelivered event to ``recovery_fault``, in order."""
-    from durable_agent.signals import recovery_fault
-
-    host = ctx.host
-    while not ctx.cancelled():
-        state = MaintenanceState.objects.get(host_id=host.pk)
-        sequence = state.recovery_event_acknowledged + 1
-        if sequence > state.recovery_event_sequence:
-            return None
-        event = RecoveryEvent.objects.get(host_id=host.pk, sequence=sequence)
-        recovery_fault.send(sender=RecoveryEvent, host=host, event=event)
-        delivered_at = clock.now()
-
-        def ack(
-            state: MaintenanceState,
-            queue: DueQueue,
-            checkpoint: Checkpoint,
-            sequence: int = sequence,
-            delivered_at: datetime = delivered_at,
-        ) -> None:
-            if state.recovery_event_acknowledged < sequence:
-                state.recovery_event_acknowledged = sequence
-                RecoveryEvent.objects.filter(host_id=host.pk, sequence=sequence).update(
-                    delivered_at=delivered_at
-                )
-
-        run_alarm_transaction(host, "acknowledge recovery event", ack)
-    return ctx.now()
 
 
 def blocked_failure(thread: str, exc: BaseException, operation: str) -> Blocked:

@@ -211,6 +211,7 @@ def fault_retry_now(
 
 def pass_now(*, host: Host | str | int, actor: Any = None, reason: str = "") -> Any:
     """Audit, then run a maintenance pass of ``host`` at once; returns its PassReport."""
+    # deferred: looked up at call time, so a replaced passes.run_pass is the one run
     from durable_agent.maintenance.passes import run_pass
 
     reason = validate_reason(reason)

@@ -32,7 +32,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 from django_q.models import Schedule
 
-from durable_agent.maintenance.due_queue import Lane
+from durable_agent.maintenance.types import Lane
 from durable_agent.models import DueLane, Host, MaintenanceState
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]

@@ -15,6 +15,8 @@ page), and as a per-host :class:`Verdict` built from those annotations.
 - **dirty**: ``dirty > processed`` (a missing state row counts as dirty).
 - **owed work**: submissions not yet settled; suspended ones wait for an approval, unknown
   ones for an operator to resolve them.
+
+Size: one read model for the admin, the API, the audit and the metrics.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from durable_agent.models import (
     Submission,
     SubmissionState,
 )
+from durable_agent.models.host import armed as armed  # the rule lives with the model
 
 OVERDUE_AFTER = timedelta(seconds=60)
 #: Overdue slots a host list reads before its page (Note [Overdue slots are read first]).
@@ -98,10 +101,6 @@ def failing_after() -> int:
 #     slots first (up to ``OVERDUE_READ_AHEAD``, from ``da_schedule_armed_next_run``) and
 #     filters the hosts by those ids, which the planner counts exactly. Beyond that many
 #     overdue slots it filters by the semi-join: the walk by key then finds a page quickly.
-
-
-def armed() -> Q:
-    return Q(alarm__isnull=False) & ~Q(alarm__repeats=0)
 
 
 def overdue(now: datetime) -> Q:

@@ -6,11 +6,14 @@ from django.db import models
 from django.db.models import F, Q
 
 
+def armed() -> Q:
+    """A host whose slot is armed (``maintenance/selectors.py`` re-exports this rule)."""
+    return Q(alarm__isnull=False) & ~Q(alarm__repeats=0)
+
+
 class HostQuerySet(models.QuerySet["Host"]):
     def armed(self) -> HostQuerySet:
-        """Hosts whose slot is armed (the rule lives in ``maintenance/selectors.py``)."""
-        from durable_agent.maintenance.selectors import armed
-
+        """Hosts whose slot is armed (:func:`armed`)."""
         return self.filter(armed())
 
 

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agent.maintenance.audit import audit_all, repair_host
 from durable_agent.models import Host
+from durable_agent.runtime import get_runtime
 
 
 class Command(BaseCommand):
@@ -25,8 +26,6 @@ class Command(BaseCommand):
         parser.add_argument("--repair", action="store_true", help="re-arm violating hosts")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from durable_agent.runtime import get_runtime
-
         registry_key = get_runtime().binding_registry_key()
         summary = audit_all(registry_key=registry_key)
         repaired: list[dict[str, Any]] = []

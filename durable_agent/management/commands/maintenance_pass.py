@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from durable_agent.maintenance.passes import run_pass
 from durable_agent.maintenance.selectors import hosts_for_pass
 
 
@@ -39,8 +40,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from durable_agent.maintenance.passes import run_pass
-
         try:
             hosts = hosts_for_pass(keys=options["host"], due=options["due"], all=options["all"])
         except ValueError as exc:

@@ -1,0 +1,276 @@
+"""The shape of the package, checked from its source (docs/architecture.md).
+
+* No import cycle between two modules of ``durable_agent`` (module-level and function-level
+  imports both count; ``if TYPE_CHECKING:`` imports do not, they never run).
+* A function-level import carries a reason: a ``# deferred: <reason>`` comment on its line, or
+  on the line just above the block of consecutive import lines it belongs to.
+  Accepted reasons: import-time dependencies on Django (the app registry or settings not
+  ready when the importing module loads), on an optional extra, or a package cycle.
+* Imports go one way, down the layers of ``LAYERS``: a module imports its own layer or a lower
+  one, never a higher one.
+* A module over ``MAX_MODULE_LINES`` lines, or a class over ``MAX_CLASS_LINES``, says why in its
+  docstring, on a line starting ``Size:``.
+
+An import of ``a.b.c`` is an edge to the module ``a.b.c`` only: the package ``__init__`` files
+that Python also runs re-export their package's public names and sit on top of their package.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "durable_agent"
+MAX_MODULE_LINES = 400
+MAX_CLASS_LINES = 150
+REASON = re.compile(r"#\s*deferred:\s*\S")
+SIZE = re.compile(r"^\s*Size:\s*\S", re.MULTILINE)
+
+# The layers, lowest first: (name, module prefixes). A module belongs to the layer of its
+# longest matching prefix. The same table is in docs/architecture.md.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "base",
+        (
+            "durable_agent.clock",
+            "durable_agent.conf",
+            "durable_agent.errors",
+            "durable_agent.text",
+        ),
+    ),
+    ("models", ("durable_agent.models", "durable_agent.signals")),
+    ("runtime", ("durable_agent.runtime",)),
+    (
+        "maintenance core types",
+        (
+            "durable_agent.maintenance.types",
+            "durable_agent.maintenance.lane_ids",
+            "durable_agent.maintenance.backoff",
+            "durable_agent.maintenance.failpoints",
+            "durable_agent.maintenance.registry",
+        ),
+    ),
+    (
+        "maintenance",
+        ("durable_agent.maintenance", "durable_agent.lanes", "durable_agent.observability"),
+    ),
+    ("agents", ("durable_agent.agents",)),
+    (
+        "entry points",
+        (
+            "durable_agent",
+            "durable_agent.api",
+            "durable_agent.admin",
+            "durable_agent.management",
+            "durable_agent.contrib",
+            "durable_agent.checks",
+            "durable_agent.apps",
+            "durable_agent.testing",
+            "durable_agent.tasks",
+            "durable_agent.broker",
+            "durable_agent.redis_broker",
+            "durable_agent.alarm_listener",
+        ),
+    ),
+]
+
+# Import cycles not yet broken, as sorted tuples of their modules. Shrink this set.
+KNOWN_CYCLES = {("durable_agent.contrib.metrics", "durable_agent.observability")}
+# Imports up the layers not yet removed: (importer, imported). Shrink this set.
+KNOWN_UPWARD = {("durable_agent.observability", "durable_agent.contrib.metrics")}
+# Modules and classes too large without a ``Size:`` line that are not yet split or explained.
+KNOWN_LARGE = {
+    "durable_agent.broker.AlarmFiring",
+    "durable_agent.maintenance.passes",
+    "durable_agent.maintenance.waves",
+}
+# Modules whose function-level imports are not yet given a reason comment. Shrink this set.
+UNREVIEWED = {
+    "durable_agent.broker",
+    "durable_agent.tasks",
+    "durable_agent.maintenance.passes",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str
+    line: int
+    deferred: bool  # inside a function
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if "migrations" in parts:
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name in MODULES]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".")
+        if MODULES[module].name != "__init__.py":
+            package = package[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join([*package, *([node.module] if node.module else [])])
+    found = []
+    for alias in node.names:
+        if f"{base}.{alias.name}" in MODULES:
+            found.append(f"{base}.{alias.name}")
+        elif base in MODULES:
+            found.append(base)
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
+def _imports(module: str) -> list[Import]:
+    tree = ast.parse(MODULES[module].read_text())
+    found: list[Import] = []
+
+    def walk(node: ast.AST, deferred: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    walk(sub, deferred)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for target in _targets(module, child):
+                    if target != module:
+                        found.append(Import(module, target, child.lineno, deferred))
+            inner = deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            walk(child, inner)
+
+    walk(tree, False)
+    return found
+
+
+IMPORTS = [imp for module in MODULES for imp in _imports(module)]
+
+
+def layer(module: str) -> int:
+    best, rank = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), index
+    assert rank >= 0, f"{module} is in no layer of LAYERS"
+    return rank
+
+
+def _cycles() -> list[list[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for imp in IMPORTS:
+        graph[imp.source].add(imp.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_architecture__no_import_cycle() -> None:
+    cycles = [c for c in _cycles() if tuple(c) not in KNOWN_CYCLES]
+    assert not cycles, "Import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_architecture__a_function_level_import_says_why() -> None:
+    missing = []
+    for imp in IMPORTS:
+        if not imp.deferred or imp.source in UNREVIEWED:
+            continue
+        lines = MODULES[imp.source].read_text().splitlines()
+        above = imp.line - 2  # the first line above the block of imports this one is in
+        while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+            above -= 1
+        block = lines[max(above, 0) : imp.line]
+        if not any(REASON.search(line) for line in block):
+            missing.append(f"{MODULES[imp.source].relative_to(ROOT)}:{imp.line} -> {imp.target}")
+    assert not missing, "Function-level imports without '# deferred: <reason>':\n" + "\n".join(
+        missing
+    )
+
+
+def test_architecture__imports_go_down_the_layers() -> None:
+    upward = [
+        f"{imp.source} ({LAYERS[layer(imp.source)][0]}) imports {imp.target} "
+        f"({LAYERS[layer(imp.target)][0]}) at line {imp.line}"
+        for imp in IMPORTS
+        if layer(imp.target) > layer(imp.source) and (imp.source, imp.target) not in KNOWN_UPWARD
+    ]
+    assert not upward, "Imports up the layers:\n" + "\n".join(upward)
+
+
+def test_architecture__a_large_module_or_class_says_why() -> None:
+    oversized = []
+    for module, path in MODULES.items():
+        text = path.read_text()
+        tree = ast.parse(text)
+        lines = len(text.splitlines())
+        if module in KNOWN_LARGE:
+            continue
+        if lines > MAX_MODULE_LINES and not SIZE.search(ast.get_docstring(tree) or ""):
+            oversized.append(f"module {module}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if f"{module}.{node.name}" in KNOWN_LARGE:
+                    continue
+                if length > MAX_CLASS_LINES and not SIZE.search(ast.get_docstring(node) or ""):
+                    oversized.append(f"class {module}.{node.name}: {length} lines")
+    assert not oversized, "Too large without a 'Size:' line in the docstring:\n" + "\n".join(
+        oversized
+    )
+
+
+def test_architecture__the_checks_see_the_package() -> None:
+    # The graph is not empty and finds a known edge, so the checks above can fail.
+    assert "durable_agent.maintenance.gate" in MODULES
+    assert any(
+        imp.source == "durable_agent.maintenance.gate"
+        and imp.target == "durable_agent.maintenance.transactions"
+        for imp in IMPORTS
+    )
