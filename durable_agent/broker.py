@@ -24,10 +24,15 @@ indexed queries, then one batch of retention deletes per pruned table) once a mi
 
 It also makes a cluster stop when SIGTERM reaches its whole process group or cgroup (Note
 [SIGTERM to the group]).
+
+Size: most of it is ``AlarmFiring``, one loop whose steps (probe, listener, firing a batch,
+handing its tasks over, the sweep) share the state ``_init_firing`` sets and are explained by
+its Notes together; the ORM broker and the SIGTERM hook around it are short.
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 import multiprocessing
 import os
@@ -38,7 +43,7 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django_q.brokers.orm import ORM
@@ -46,7 +51,10 @@ from django_q.conf import Conf
 from django_q.models import OrmQ, Schedule
 from django_q.scheduler import scheduler
 from django_q.signals import post_spawn
+from django_q.tasks import async_task
 
+from durable_agent import conf
+from durable_agent import tasks as alarm_tasks
 from durable_agent.alarm_listener import AlarmListener, Wake
 
 logger = logging.getLogger("durable_agent.broker")
@@ -115,6 +123,10 @@ class AlarmFiring:
         are handed to the pusher in the same dequeue, once the firing's transaction commits,
         without another query: the ORM broker inserts their rows already claimed, the Redis
         broker never pushes them.
+
+    Size: one loop over the state ``_init_firing`` sets; its steps are read together with
+    Note [Wake at the deadline] and Note [Fire alarm slots in batches], and the Redis broker
+    mixes in the whole of it.
     """
 
     probe_interval = PROBE_INTERVAL
@@ -143,8 +155,6 @@ class AlarmFiring:
         """The listener, created on first use on PostgreSQL (None elsewhere)."""
         if not self._listener_checked:
             self._listener_checked = True
-            from django.db import connections
-
             alias = router.db_for_write(Schedule)
             if self.listen and connections[alias].vendor == "postgresql":
                 self.listener = AlarmListener(alias)
@@ -201,13 +211,10 @@ class AlarmFiring:
         now = time.monotonic()
         if now < self._next_sweep:
             return False
-        from durable_agent import conf
-        from durable_agent.tasks import sweep
-
         self._next_sweep = now + int(conf.get("SWEEP_INTERVAL_MS")) / 1000
 
         try:
-            sweep()
+            alarm_tasks.sweep()
         except Exception:
             logger.exception("The alarm sweep failed")
             return False
@@ -282,12 +289,6 @@ class AlarmFiring:
             more work: a burst is shared between clusters at the rate each one runs it, and
             a slot waits armed, never disarmed with its task queued, until a pusher takes it.
         """
-        import ast
-
-        from django_q.tasks import async_task
-
-        from durable_agent import conf
-
         alias = router.db_for_write(Schedule)
         self._batch = []
         try:

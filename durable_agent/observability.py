@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from durable_agent import clock, signals
 
 if TYPE_CHECKING:
-    from durable_agent.maintenance.passes import PassReport
+    from durable_agent.maintenance.pass_records import PassReport
     from durable_agent.models import Host
 
 logger = logging.getLogger("durable_agent.maintenance")

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import F, Q
+
+from durable_agent import clock, conf
 from durable_agent.errors import HostNotFound
+from durable_agent.maintenance import passes, retention
+from durable_agent.models import BindingRetry, DueLane, MaintenanceState
+from durable_agent.runtime import get_runtime
 
 logger = logging.getLogger("durable_agent.tasks")
 
@@ -17,15 +23,11 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
     At-least-once and idempotent: a stale, early or duplicate delivery changes nothing (the
     early-fire guard); a crashed delivery is redelivered by the broker and fenced the same way.
     """
-    from durable_agent.maintenance.passes import run_pass
-
     when = datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline
     if when is None:  # a delivery without its deadline is guarded as if fired now
-        from durable_agent import clock
-
         when = clock.now()
     try:  # the pass reads the host in its first transaction
-        return run_pass(int(host_id), deadline=when, guard=True).as_dict()
+        return passes.run_pass(int(host_id), deadline=when, guard=True).as_dict()
     except HostNotFound:
         logger.warning("Alarm fired for host %s, which no longer exists", host_id)
         return {"host": None, "phase": "stale"}
@@ -53,16 +55,13 @@ def sweep(*, page_size: int = SWEEP_PAGE_SIZE) -> dict[str, int]:
         is read: the memory the sweep holds is one page, whatever the number of hosts, and a
         host re-armed on one page no longer matches when a later page is read.
     """
-    from durable_agent.maintenance import retention
-    from durable_agent.maintenance.passes import ensure_alarm
-
     rearmed = 0
     after = 0
     while True:
         page = _sweep_page(after=after, limit=page_size)
         for host_id in page:
             try:
-                ensure_alarm(host_id)
+                passes.ensure_alarm(host_id)
                 rearmed += 1
             except Exception:
                 logger.exception("Sweep could not re-arm host %s", host_id)
@@ -80,14 +79,6 @@ def sweep(*, page_size: int = SWEEP_PAGE_SIZE) -> dict[str, int]:
 def _sweep_page(*, after: int, limit: int) -> list[int]:
     """The ids, ascending and above ``after``, of at most ``limit`` hosts the sweep re-arms
     (Note [The sweep walks in pages], Note [A fired slot is not a lost one])."""
-    from datetime import timedelta
-
-    from django.db.models import F, Q
-
-    from durable_agent import clock, conf
-    from durable_agent.models import BindingRetry, DueLane, MaintenanceState
-    from durable_agent.runtime import get_runtime
-
     fired_before = clock.now() - timedelta(milliseconds=int(conf.get("SWEEP_GRACE_MS")))
     lost = Q(host__alarm__isnull=True) | Q(
         host__alarm__repeats=0, host__alarm__next_run__lt=fired_before

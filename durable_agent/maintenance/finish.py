@@ -1,0 +1,139 @@
+"""The end of a pass: its event deadline, the finish decision, and the backoff of a failure.
+
+``settle_alarm`` is the finish decision inside an alarm transaction (re-arm at the earliest
+lane, or clear; docs/pass.md, step 4), shared by ``finish`` (the general path) and the short
+paths of ``durable_agent/maintenance/short_paths.py``. ``rearm_failure`` durably schedules
+bounded recovery after a failed pass (docs/pass.md, failures).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from durable_agent import clock, conf
+from durable_agent.errors import AlarmError
+from durable_agent.maintenance import backoff, failpoints, lease
+from durable_agent.maintenance.alarm import Checkpoint, retry_deadline
+from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.native import NativeResult
+from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.waves import Observation
+from durable_agent.models import Host, MaintenanceState, MutationTicket
+
+
+def _deadline_message() -> str:
+    minutes = conf.event_timeout().total_seconds() / 60
+    shown = f"{minutes:g} minute" if minutes >= 1 else f"{conf.event_timeout().total_seconds():g} s"
+    return f"The maintenance event exceeded its {shown} deadline; durable recovery remains pending"
+
+
+def check_deadline(event_deadline: datetime) -> None:
+    if clock.now() >= event_deadline:
+        raise AlarmError("maintenance pass deadline", _deadline_message())
+
+
+def finish(
+    host: Host, observed: Observation, result: NativeResult, taken: lease.Lease
+) -> tuple[str, bool]:
+    """The final alarm decision: rearm at the earliest lane, or clear (docs/pass.md, step 4).
+
+    Also gives the lease back, and says whether a lane waits for its parked notice.
+    """
+    failpoints.hit("maintenance:finish:before")
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> tuple[str, bool]:
+        lease.release_in(state, taken)
+        now = clock.now()
+        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
+        return settle_alarm(
+            state, queue, checkpoint, observed.generation, result.next_at, active, now
+        )
+
+    disposition = run_alarm_transaction(host, "finish maintenance event", fn)
+    failpoints.hit("maintenance:finish:after")
+    return disposition
+
+
+def settle_alarm(
+    state: MaintenanceState,
+    queue: DueQueue,
+    checkpoint: Checkpoint,
+    generation: int | None,
+    next_at: datetime | None,
+    active: int,
+    now: datetime,
+) -> tuple[str, bool]:
+    """The finish decision inside an alarm transaction: ``rearmed`` or ``cleared``, and whether
+    a parked lane waits for its notice (docs/pass.md, step 4)."""
+    parked = any(row.parked and not row.reported for row in queue.read())
+    delay = conf.minimum_alarm_delay()
+    if active > 0 or state.dirty > state.processed:
+        retry_at = retry_deadline(state)
+        if retry_at is not None and active == 0:
+            native: datetime | None = max(now + delay, retry_at)
+        elif state.dirty == generation and active == 0:
+            native = next_at or now + delay
+        else:
+            native = now + delay
+    else:
+        native = None
+    queue.checkpoint_native(native)
+    earliest = queue.next()
+    if earliest is not None:
+        checkpoint.at(max(now + delay, earliest))
+        return "rearmed", parked
+    checkpoint.cancel()
+    return "cleared", parked
+
+
+def rearm_failure(host: Host, observed: Observation) -> None:
+    """Failures durably schedule bounded recovery (docs/pass.md, failures)."""
+    generation, native_only = observed.generation, observed.native_only
+    if generation is None:
+        return  # failed before begin_pass read anything
+    failpoints.hit("maintenance:retry:before")
+    now = clock.now()
+    jitter = clock.random()
+    delay = conf.minimum_alarm_delay()
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
+        matches = state.retry_generation is not None and state.retry_generation == generation
+        if matches and state.retry_native_only:
+            pass  # a native-only retry is kept unchanged
+        else:
+            previous = matches and bool(state.retry_native_only) == native_only
+            prev_stalls = (state.retry_stalls or 0) if previous else 0
+            prev_floor = state.retry_not_before if previous else None
+            floor = now + timedelta(milliseconds=backoff.backoff_delay_ms(prev_stalls, jitter))
+            state.retry_generation = generation
+            state.retry_not_before = max(prev_floor or floor, floor)
+            state.retry_native_only = native_only
+            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, prev_stalls + 1)
+        native_deadline = state.retry_not_before or now + delay
+        if active > 0 or state.dirty != generation:
+            native_deadline = now + delay
+        queue.checkpoint_native(
+            native_deadline if (state.dirty > state.processed or active > 0) else None
+        )
+        for lane, row in list(observed.queue.items()):
+            if lane == NATIVE:
+                continue
+            current = queue.find(lane)
+            if current is None or row.due_at is None or row.due_at > now:
+                continue
+            charged = row if observed.charged.get(lane) == row.revision else queue.claim(row, now)
+            if charged is not None:
+                queue.complete(
+                    charged,
+                    now + timedelta(milliseconds=backoff.backoff_delay_ms(charged.stalls, jitter)),
+                )
+        earliest = queue.next()
+        if earliest is None:
+            checkpoint.cancel()
+        else:
+            checkpoint.at(max(now + delay, earliest))
+
+    run_alarm_transaction(host, "back off failed maintenance", fn)
+    failpoints.hit("maintenance:retry:after")

@@ -1,0 +1,193 @@
+"""The lane waves of a pass's general path, around its native step.
+
+The concurrent waves admitted when the pass starts (``admit_waves``), the publication barrier
+before the native step (``publication_barrier``), one more round for the lanes the native step
+made due (``refill_waves``, Note [Deliver what the pass produced]) and the after-native waves
+(``after_native``). How one wave runs is ``durable_agent/maintenance/waves.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from durable_agent import clock, conf, observability
+from durable_agent.maintenance import gate, lane_registry
+from durable_agent.maintenance.alarm import Checkpoint
+from durable_agent.maintenance.due_queue import DueQueue, Lane
+from durable_agent.maintenance.lane_ids import PUBLICATION
+from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.waves import (
+    Executor,
+    Observation,
+    admissible,
+    join,
+    run_wave,
+    validate_lanes,
+)
+from durable_agent.models import Host, MaintenanceState
+
+
+@dataclass(frozen=True)
+class PublicationPending:
+    """The publication lane still owes work: the native step waits until ``next_at``."""
+
+    next_at: datetime | None
+
+
+def publication_barrier(
+    host: Host,
+    rows: list[Lane],
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+) -> PublicationPending | None:
+    """Run a due publication wave before the native step (6.4 step 1).
+
+    Returns None when publication is idle. While it is still pending or parked, the native
+    step waits, and the native lane's next time is the publication lane's deadline (no sooner
+    than the minimum alarm delay; none while it is parked) rather than the minimum delay, so
+    a pending publication is retried on its own backoff (1 s, 2 s, ... after each claim).
+    """
+    row = next((r for r in rows if r.lane == PUBLICATION), None)
+    if row is None:
+        return None
+    spec = lane_registry.handler(PUBLICATION)
+    if spec is not None and row.due_at is not None and row.due_at <= clock.now():
+        run_wave(host, spec, row, observed, until, dispatch_end, threading.Event())
+        row = next((Lane.from_model(r) for r in host.lanes.filter(lane=PUBLICATION)), row)
+    if row.due_at is None and not row.parked:
+        return None
+    if row.parked or row.due_at is None:
+        return PublicationPending(None)
+    return PublicationPending(max(clock.now() + conf.minimum_alarm_delay(), row.due_at))
+
+
+def admit_waves(
+    host: Host,
+    rows: list[Lane],
+    producing: frozenset[str],
+    phase: str,
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[tuple[str, Future[Any], threading.Event, float]]:
+    now = clock.now()
+    waves = []
+    for row in admissible(rows, producing, now):
+        spec = lane_registry.handler(row.lane)
+        if spec is None or spec.phase != phase:
+            continue
+        waves.append(_submit_wave(executor, host, spec, row, observed, until, dispatch_end))
+    return waves
+
+
+# Note [Deliver what the pass produced]
+#     Upstream's scheduling loop starts another wave of a concurrent lane whenever its last one
+#     ended and the lane is due again, until the yield point. The port admits its concurrent
+#     waves when the pass starts, so work the native step produced (the ``cleared`` recovery
+#     event of a fault it just cleared, say) would wait for the next pass and keep the alarm
+#     armed. So once the native step and the first waves have ended, every concurrent lane that
+#     is due again gets one more wave, unless its first wave failed in this pass. One round:
+#     a lane's claim sets a retry floor, so only new source progress makes it due again. Only
+#     after a native step that ran: a caught-up pass produced nothing and keeps its constant
+#     number of queries.
+
+
+def refill_waves(
+    host: Host,
+    done: list[tuple[str, Future[Any], threading.Event, float]],
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[tuple[str, Future[Any], threading.Event, float]]:
+    """One more wave for each concurrent lane that became due while the native step ran
+    (Note [Deliver what the pass produced])."""
+    failed = {
+        lane
+        for lane, future, _, _ in done
+        if not future.done() or future.cancelled() or future.exception() is not None
+    }
+    if clock.now() >= until:
+        return []
+    rows = [Lane.from_model(r) for r in host.lanes.all()]
+    rows = [r for r in rows if r.lane not in failed]
+    producing = frozenset(gate.active_lanes(host))
+    return admit_waves(host, rows, producing, "concurrent", observed, until, dispatch_end, executor)
+
+
+def _submit_wave(
+    executor: Executor,
+    host: Host,
+    spec: lane_registry.LaneSpec,
+    row: Lane,
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    *,
+    admitted: Callable[[], None] | None = None,
+) -> tuple[str, Future[Any], threading.Event, float]:
+    cancelled = threading.Event()
+    future = executor.submit(
+        observability.in_current_trace(
+            lambda: run_wave(
+                host, spec, row, observed, until, dispatch_end, cancelled, admitted=admitted
+            )
+        )
+    )
+    return row.lane, future, cancelled, spec.allowance_ms / 1000
+
+
+def after_native(
+    host: Host,
+    observed: Observation,
+    until: datetime,
+    dispatch_end: datetime,
+    executor: Executor,
+) -> list[BaseException]:
+    """After-native waves, round-robin from the lane after the last one admitted.
+
+    They are bounded by ``dispatch_end`` alone, not by the yield point: they run after the
+    native step even in a pass that reached its yield point. A lane is stored as the last one
+    admitted only once its wave has claimed it, so a lane that did not run never moves the
+    rotation on.
+    """
+    selected = [s for s in lane_registry.lanes() if s.phase == "after-native"]
+    if not selected:
+        return []
+    rows = {r.lane: r for r in (Lane.from_model(x) for x in host.lanes.all())}
+    producing = gate.active_lanes(host)
+    for row in rows.values():
+        if row.lane not in producing:
+            observed.available[row.lane] = row.revision
+    validate_lanes(list(rows.values()))
+    cursor = MaintenanceState.objects.get(host_id=host.pk).last_after_native_lane
+    ordered = sorted(selected, key=lambda s: s.lane)
+    index = next((i for i, s in enumerate(ordered) if cursor is None or s.lane > cursor), 0)
+    rotated = ordered[index:] + ordered[:index]
+    failures: list[BaseException] = []
+    for spec in rotated:
+        found = rows.get(spec.lane)
+        now = clock.now()
+        if found is None or found.due_at is None or found.due_at > now or spec.lane in producing:
+            continue
+        if now + timedelta(milliseconds=spec.allowance_ms) > dispatch_end:
+            continue
+
+        def admit(lane: str = spec.lane) -> None:
+            def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+                state.last_after_native_lane = lane
+
+            run_alarm_transaction(host, "admit after-native wave", fn)
+
+        wave = _submit_wave(
+            executor, host, spec, found, observed, dispatch_end, dispatch_end, admitted=admit
+        )
+        failures += join([wave])
+    return failures

@@ -1,0 +1,185 @@
+"""The short paths of a caught-up pass: nothing or one lane wave to run.
+
+``short_path`` says what a caught-up pass has to run; the begin transaction
+(``durable_agent/maintenance/passes.py``) finishes a pass with nothing to run itself, or
+charges the one wave, which ``one_wave`` runs and completes together with the finish
+(Note [Nothing or one wave to run]). ``Begun`` is what the begin transaction found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from durable_agent import clock, conf, observability
+from durable_agent.errors import LaneNotRegistered
+from durable_agent.maintenance import failpoints, lane_registry, lease
+from durable_agent.maintenance.alarm import Checkpoint
+from durable_agent.maintenance.due_queue import DueQueue, Lane
+from durable_agent.maintenance.finish import check_deadline, settle_alarm
+from durable_agent.maintenance.lane_ids import PUBLICATION
+from durable_agent.maintenance.lane_registry import LaneContext, LaneSpec
+from durable_agent.maintenance.native import Started
+from durable_agent.maintenance.pass_records import PassReport, write_record
+from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.waves import (
+    Observation,
+    OverrunFlag,
+    admissible,
+    complete_in,
+    complete_wave,
+    run_claimed,
+    validate_lanes,
+)
+from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
+
+
+@dataclass
+class Begun:
+    lease: lease.Lease | lease.Busy | lease.Stale
+    host: Host
+    started: Started | None = None
+    rows: list[Lane] = field(default_factory=list)
+    producing: frozenset[str] = frozenset()
+    # Note [Nothing or one wave to run]: the one wave begin claimed, or the report of a pass
+    # begin already finished (and whether a parked lane waits for its notice).
+    wave: tuple[LaneSpec, Lane, datetime] | None = None
+    finished: PassReport | None = None
+    parked: bool = False
+
+
+# Note [Nothing or one wave to run]
+#     Most passes of a busy deployment find the host caught up (no native work) with nothing
+#     or one lane wave to run: a duplicate delivery, a host whose slot outlived its work, a
+#     host with one due outbox lane. Each transaction is a round trip per statement and a
+#     commit, and the pass's total is what a burst of due hosts is drained at, so such a pass
+#     does its steps in two transactions, or one, instead of four:
+#
+#     - nothing to run: the begin transaction also makes the finish decision (re-arm at the
+#       earliest lane deadline, or disarm) and writes the ``PassRecord``; no lease is taken
+#       (it would be released in the same commit), so the slot is written at most once;
+#     - one concurrent wave: the begin transaction also charges it (the claim and the slot
+#       within the lease, exactly what the wave's own charge transaction did, Note [Charge
+#       before fallible work]); the handler then runs on the pass's own thread, and one
+#       transaction completes the lane, releases the lease, makes the finish decision and
+#       writes the ``PassRecord``. A failing handler is completed with backoff in its own
+#       transaction and fails the pass as before (``rearm_failure``).
+#
+#     Anything else (the native step, a due or parked publication lane, a due after-native
+#     lane, several waves, a due lane without a handler) takes the general path. The
+#     failpoints keep their meaning: ``begin:before`` before the first transaction,
+#     ``begin:after`` and ``finish:before`` around the handler, ``finish:after`` after the last.
+
+
+NOTHING = "nothing"
+
+
+def short_path(
+    rows: list[Lane], producing: frozenset[str], now: datetime, started_at: datetime
+) -> str | tuple[LaneSpec, Lane] | None:
+    """What a caught-up pass has to run: ``NOTHING``, one concurrent wave, or None for the
+    general path (Note [Nothing or one wave to run])."""
+    try:
+        validate_lanes(rows)
+    except LaneNotRegistered:
+        return None  # the general path fails the pass
+    by_lane = {row.lane: row for row in rows}
+    publication = by_lane.get(PUBLICATION)
+    if publication is not None and (publication.due_at is not None or publication.parked):
+        return None  # the publication barrier
+    for registered in lane_registry.lanes():
+        found = by_lane.get(registered.lane)
+        if (
+            registered.phase == "after-native"
+            and found is not None
+            and found.due_at is not None
+            and found.due_at <= now
+            and registered.lane not in producing
+        ):
+            return None
+    waves: list[tuple[LaneSpec, Lane]] = []
+    for row in admissible(rows, producing, now):
+        found_spec = lane_registry.handler(row.lane)
+        if found_spec is not None and found_spec.phase == "concurrent":
+            waves.append((found_spec, row))
+    if not waves:
+        return NOTHING
+    if len(waves) > 1:
+        return None
+    spec, row = waves[0]
+    allowance = timedelta(milliseconds=spec.allowance_ms)
+    if now >= started_at + conf.yield_after() or now + allowance > started_at + (
+        conf.dispatch_until()
+    ):
+        return None
+    return spec, row
+
+
+def one_wave(
+    host: Host,
+    started_at: datetime,
+    observed: Observation,
+    begun: Begun,
+    taken: lease.Lease,
+    deadline: datetime | None,
+    lateness: int | None,
+) -> tuple[PassReport, bool]:
+    """Run the wave begin claimed, then complete it and finish the pass in one transaction
+    (Note [Nothing or one wave to run])."""
+    assert begun.wave is not None
+    assert begun.started is not None
+    spec, claimed, charged_at = begun.wave
+    for row in begun.rows:
+        observed.queue.setdefault(row.lane, row)
+        if row.lane not in begun.producing:
+            observed.available.setdefault(row.lane, row.revision)
+    allowance = timedelta(milliseconds=spec.allowance_ms)
+    context = LaneContext(
+        host=host,
+        lane=spec.lane,
+        deadline=charged_at + allowance,
+        _cancelled=OverrunFlag(charged_at + allowance + timedelta(seconds=1)),
+    )
+    with observability.span(
+        "durable_agent.wave", host_key=host.key, host_id=host.pk, lane=spec.lane
+    ):
+        outcome, failure = run_claimed(spec.lane, lambda: spec.run(context), charged_at, allowance)
+    if failure is not None:
+        complete_wave(host, claimed, None, failure, observed)
+        raise failure
+    check_deadline(started_at + conf.event_timeout())
+    failpoints.hit("maintenance:finish:before")
+    jitter = clock.random()
+    nonterminal = begun.started.nonterminal
+
+    def fn(
+        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
+    ) -> tuple[int | None, PassReport, bool]:
+        now = clock.now()
+        tickets = list(
+            MutationTicket.objects.filter(host_id=state.host_id)
+            .live(now=now)
+            .values_list("lanes", flat=True)
+        )
+        producing = frozenset(lane for lanes in tickets for lane in lanes)
+        revision = complete_in(queue, claimed, outcome, None, producing, jitter)
+        lease.release_in(state, taken)
+        alarm, parked = settle_alarm(
+            state, queue, checkpoint, observed.generation, None, len(tickets), now
+        )
+        report = PassReport(
+            host=host.key,
+            phase=PassPhase.CAUGHT_UP.value,
+            nonterminal=nonterminal,
+            alarm=alarm,
+            generation=observed.generation,
+            lateness_ms=lateness,
+        )
+        write_record(state.host, started_at, report, deadline=deadline)
+        return revision, report, parked
+
+    revision, report, parked = run_alarm_transaction(host, "finish maintenance event", fn)
+    if revision is not None:
+        with observed.lock:
+            observed.available[claimed.lane] = revision
+    return report, parked
