@@ -51,17 +51,10 @@ def parse(payload: str) -> Wake | None:
 
 
 class AlarmListener:
-    """A dedicated PostgreSQL connection LISTENing on ``CHANNEL`` (see the module docstring).
+    """A dedicated PostgreSQL connection LISTENing on ``CHANNEL`` (see the module docstring)."""
 
-    ``lock_key``, when set, is a session-level advisory lock the listener tries to hold on its
-    connection (``pg_try_advisory_lock``): ``holds_lock`` says whether it does. The lock goes
-    with the connection, so a dead holder frees it at once.
-    """
-
-    def __init__(self, alias: str, *, lock_key: int | None = None) -> None:
+    def __init__(self, alias: str) -> None:
         self.alias = alias
-        self.lock_key = lock_key
-        self.holds_lock = False
         self.backend_pid: int | None = None
         self.connections = 0  # how many times it connected (a reconnection count + 1)
         self._conn: Any = None
@@ -88,28 +81,11 @@ class AlarmListener:
             return False
         self._conn = conn
         self.connections += 1
-        self.holds_lock = False
-        self.try_lock()
         return True
-
-    def try_lock(self) -> bool:
-        """Try to take the advisory lock (no-op without ``lock_key`` or when held)."""
-        if self.lock_key is None or self.holds_lock or self._conn is None:
-            return self.holds_lock
-        import psycopg
-
-        try:
-            row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", [self.lock_key]).fetchone()
-        except psycopg.Error:
-            self._drop()
-            return False
-        self.holds_lock = bool(row and row[0])
-        return self.holds_lock
 
     def _drop(self) -> None:
         logger.warning("The alarm listener lost its connection; reconnecting", exc_info=True)
         conn, self._conn = self._conn, None
-        self.holds_lock = False
         self.backend_pid = None
         self._retry_at = time.monotonic() + RECONNECT_DELAY
         with contextlib.suppress(Exception):  # already broken: nothing to release
