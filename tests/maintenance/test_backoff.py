@@ -1,4 +1,4 @@
-"""Upstream's backoff constants and formulas (reference sections 2.2, 3.2 and 3.6)."""
+"""Upstream's backoff constants and formulas (docs/pass.md, failures and backoff)."""
 
 from __future__ import annotations
 

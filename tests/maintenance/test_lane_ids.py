@@ -1,4 +1,4 @@
-"""Lane ids: the reserved framework lanes and the rules for host lanes (DESIGN glossary)."""
+"""Lane ids: the reserved framework lanes and the rules for host lanes (docs/concepts.md)."""
 
 from __future__ import annotations
 
