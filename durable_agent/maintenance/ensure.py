@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from durable_agent import clock, conf, observability, signals
+from durable_agent import clock, observability, signals
 from durable_agent.maintenance import backoff, failpoints, lane_registry
-from durable_agent.maintenance.alarm import Checkpoint, clear_retry, retry_deadline
+from durable_agent.maintenance.alarm import Checkpoint, clear_retry, computed_deadline
 from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
 from durable_agent.maintenance.lane_ids import (
     FRAMEWORK_LANES,
@@ -66,21 +66,9 @@ def ensure_alarm(host: Host | str | int) -> datetime | None:
         register_framework_lanes(queue)
         if state.has_recovery_events and queue.find(RECOVERY_EVENTS) is None:
             queue.dirty(RECOVERY_EVENTS, now)
-        if state.dirty > state.processed:
-            retry_at = retry_deadline(state)
-            native_row = queue.find(NATIVE)
-            if retry_at is not None:
-                native: datetime | None = retry_at
-            elif native_row is not None and native_row.due_at is not None:
-                native = native_row.due_at
-            else:
-                native = now + conf.minimum_alarm_delay()
-        else:
-            native = None
-        queue.checkpoint_native(native)
-        earliest = queue.next()
-        if earliest is not None:
-            checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
+        target = computed_deadline(state, queue, now)
+        if target is not None:
+            checkpoint.earlier(target)
         return checkpoint.target()
 
     slot = run_alarm_transaction(host_id, "ensure maintenance alarm", fn)
