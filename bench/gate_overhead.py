@@ -1,6 +1,7 @@
 """Gate overhead: a commit with wake-up through gate.transaction vs a bare transaction.atomic.
 
     python -m bench.gate_overhead [--ops 2000] [--runs 3] [--sections]
+                                  [--ablate notify-trigger list-indexes]
 
 Every variant writes one source row (a ``Fact``) in its own transaction. The gated variants
 also record native progress (``tx.record_progress([NATIVE])``: the host must be woken), in
@@ -26,6 +27,11 @@ A second table times the first commit on a new connection (as a process with
 ``--sections`` also times the alarm transaction's parts per case: the commit function's one
 call, or run_alarm_transaction and its four statements (lock the state row, read the lanes
 with the host and slot, write the state, write the lanes): p50 per operation.
+
+``--ablate`` measures what a part of the schema costs a commit by removing it from the bench
+database before the runs (never do this to a real one): ``notify-trigger`` disables the
+trigger of migration ``0009`` (the ``NOTIFY`` sent when a slot is armed soon),
+``list-indexes`` drops the partial indexes of migration ``0011`` (the host lists' filters).
 """
 
 from __future__ import annotations
@@ -53,6 +59,18 @@ SECTIONS = {
 CASES = ("new host", "settled host", "earlier", "coalesces")
 PATHS = ("function", "python")
 NEW = "new connection:"
+ABLATIONS = {
+    "notify-trigger": ["ALTER TABLE django_q_schedule DISABLE TRIGGER da_schedule_notify"],
+    "list-indexes": [
+        f"DROP INDEX {name}"
+        for name in (
+            "da_state_dirty",
+            "da_duelane_parked",
+            "da_host_single_thread",
+            "da_pass_failed",
+        )
+    ],
+}
 
 
 def instrument(current: list[str]) -> dict[str, dict[str, list[float]]]:
@@ -209,8 +227,16 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sections", action="store_true")
+    parser.add_argument("--ablate", nargs="+", default=[], choices=sorted(ABLATIONS))
     args = parser.parse_args()
     setup()
+    if args.ablate:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            for part in args.ablate:
+                for statement in ABLATIONS[part]:
+                    cursor.execute(statement)
     runs = []
     for index in range(args.runs):  # sections are timed in the first run only
         runs.append(measure(args.ops, args.sections and index == 0))
@@ -237,7 +263,8 @@ def main() -> None:
 
     headers = ["variant", "ops", "p50 ms", "p99 ms", "p50 / bare", "statements", "added"]
     table(
-        f"Gate overhead ({args.ops} ops each, median of {args.runs} runs; {machine()})",
+        f"Gate overhead ({args.ops} ops each, median of {args.runs} runs"
+        f"{', without ' + ' and '.join(args.ablate) if args.ablate else ''}; {machine()})",
         headers,
         rows([n for n in names if not n.startswith(NEW)], "bare atomic"),
     )

@@ -1,7 +1,7 @@
 """Alarm lateness on a live cluster: at the lane handler's start, and at the pass start.
 
     python -m bench.lateness [--runs 3] [--broker orm redis] [--modes listen probe stock]
-                             [--rates 25 200] [--seconds 8] [--now 50]
+                             [--rates 25 200] [--seconds 8] [--now 50] [--stages]
 
 Scenarios, each on a fresh set of hosts and a fresh ``manage.py qcluster`` (two workers):
 
@@ -18,6 +18,12 @@ is the pass start minus the alarm's deadline. Modes: ``listen`` is ``AlarmBroker
 ``AlarmRedisBroker``) as shipped; ``probe`` the same without its LISTEN wake-up (the 0.1 s
 probe alone, as on SQLite); ``stock`` django-q's scheduler alone (ORM only; ~30 s scans, slow);
 ``class:<dotted path>`` any other broker class.
+``--stages`` splits the lateness at the stages an alarm goes through: "fired" is the task's
+enqueue (django-q's ``Task.started``, which ``async_task`` sets when the firing builds the
+task) minus the deadline; "fired to pass" is the pass start minus the enqueue (the hand-over
+to a worker and the delivery up to the pass); "pass to handler" is the handler's start minus
+the pass start (the pass's first transaction). It makes the cluster keep every task result
+(``save_limit`` 0), which costs its monitor one insert per task.
 Each cell is the median over ``--runs`` runs. ``--broker redis`` needs a Redis at
 ``REDIS_URL`` (default ``redis://127.0.0.1:6379/7``).
 """
@@ -57,17 +63,45 @@ def prepare(count: int) -> list[int]:
     return [h.pk for h in hosts]
 
 
-def handler_lateness(directory: str, deadlines: dict[int, float]) -> list[float]:
-    """Milliseconds from each host's lane deadline to its handler's (first) start."""
+def handler_starts(directory: str) -> dict[int, float]:
+    """Each host's handler's (first) start, in epoch seconds."""
     starts: dict[int, float] = {}
     for path in Path(directory).glob("*.log"):
         for line in path.read_text().splitlines():
             host, started = line.split()[:2]
             starts[int(host)] = min(float(started), starts.get(int(host), float("inf")))
+    return starts
+
+
+def handler_lateness(directory: str, deadlines: dict[int, float]) -> list[float]:
+    """Milliseconds from each host's lane deadline to its handler's (first) start."""
+    starts = handler_starts(directory)
     return [(starts[h] - deadlines[h]) * 1000 for h in starts if h in deadlines]
 
 
-def run(broker: str, mode: str, scenario: str, *, rate: float, count: int) -> dict[str, Any]:
+def stage_lateness(
+    deadlines: dict[int, float], passes: dict[int, float], handlers: dict[int, float]
+) -> dict[str, list[float]]:
+    """Milliseconds per stage for each host whose alarm task was kept (``--stages``)."""
+    from django_q.models import Task
+
+    from durable_agent import conf
+
+    fired: dict[int, float] = {}
+    for args, started in Task.objects.filter(func=conf.alarm_task()).values_list("args", "started"):
+        host = int(args[0])
+        fired[host] = min(started.timestamp(), fired.get(host, float("inf")))
+    hosts = [h for h in fired if h in deadlines and h in passes and h in handlers]
+    return {
+        "fired": [(fired[h] - deadlines[h]) * 1000 for h in hosts],
+        "fired to pass": [(passes[h] - fired[h]) * 1000 for h in hosts],
+        "pass to handler": [(handlers[h] - passes[h]) * 1000 for h in hosts],
+    }
+
+
+def run(
+    broker: str, mode: str, scenario: str, *, rate: float, count: int, stages: bool = False
+) -> dict[str, Any]:
     from django.utils import timezone
 
     from durable_agent.maintenance import gate
@@ -78,6 +112,8 @@ def run(broker: str, mode: str, scenario: str, *, rate: float, count: int) -> di
     records = tempfile.mkdtemp(prefix="bench-late-")
     broker_class = mode[6:] if mode.startswith("class:") else BROKERS[broker, mode]
     env = {"Q_BROKER_CLASS": broker_class, "BENCH_HANDLER_DIR": records}
+    if stages:
+        env["Q_SAVE_LIMIT"] = "0"
     if broker == "redis":
         env["Q_REDIS"] = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/7")
         env["Q_NAME"] = "bench_lateness"  # its own keys on a shared Redis
@@ -109,19 +145,23 @@ def run(broker: str, mode: str, scenario: str, *, rate: float, count: int) -> di
             )
         ]
         deadlines: dict[int, float] = {}  # the deadline each host's first alarm fired for
-        for host_id, deadline in (
+        pass_starts: dict[int, float] = {}  # and the start of the pass it delivered
+        for host_id, deadline, started in (
             PassRecord.objects.exclude(deadline=None)
             .order_by("-started_at")
-            .values_list("host_id", "deadline")
+            .values_list("host_id", "deadline", "started_at")
         ):
             deadlines[host_id] = deadline.timestamp()
+            pass_starts[host_id] = started.timestamp()
         handlers = handler_lateness(records, deadlines)
+        by_stage = stage_lateness(deadlines, pass_starts, handler_starts(records)) if stages else {}
     finally:
         shutil.rmtree(records, ignore_errors=True)
     return {
         "handler": summary(handlers),
         "pass": summary(passes),
         "missing": count - len(handlers),
+        "stages": {name: summary(values) for name, values in by_stage.items()},
     }
 
 
@@ -137,20 +177,34 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", type=float, default=[25.0, 200.0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--now", type=int, default=50, help="alarms armed for now (0: none)")
+    parser.add_argument("--stages", action="store_true", help="lateness by stage, see above")
     args = parser.parse_args()
     setup()
     scenarios = [(f"{r:g}/s", "rate", r, round(r * args.seconds)) for r in args.rates]
     if args.now:
         scenarios.append(("armed for now", "now", 5.0, args.now))
-    rows = []
+    rows: list[list[Any]] = []
+    stage_rows: list[list[Any]] = []
     for broker in args.broker:
         for mode in args.modes:
             if (broker, mode) not in BROKERS and not mode.startswith("class:"):
                 continue
             for label, scenario, rate, count in scenarios:
                 results = [
-                    run(broker, mode, scenario, rate=rate, count=count) for _ in range(args.runs)
+                    run(broker, mode, scenario, rate=rate, count=count, stages=args.stages)
+                    for _ in range(args.runs)
                 ]
+                for stage in results[0]["stages"]:
+                    stage_rows.append(
+                        [
+                            broker,
+                            mode,
+                            label,
+                            stage,
+                            median_of([r["stages"] for r in results], stage, "p50"),
+                            median_of([r["stages"] for r in results], stage, "p99"),
+                        ]
+                    )
                 rows.append(
                     [
                         broker,
@@ -181,6 +235,12 @@ def main() -> None:
         ],
         rows,
     )
+    if stage_rows:
+        table(
+            f"Lateness by stage, median of {args.runs} runs (save_limit 0)",
+            ["broker", "mode", "scenario", "stage", "p50 ms", "p99 ms"],
+            stage_rows,
+        )
 
 
 if __name__ == "__main__":
