@@ -293,14 +293,19 @@ def _admin_client() -> Any:
 
 def _sweep_once() -> dict[str, Any]:
     from django.db.models import F
+    from django.utils import timezone
     from django_q.models import Schedule
 
+    from durable_agent import conf
     from durable_agent.models import Host, MaintenanceState
     from durable_agent.tasks import sweep
 
     lost = MaintenanceState.objects.filter(dirty__gt=F("processed"))
     ids = Host.objects.filter(pk__in=lost.values("host_id")).values("alarm_id")
-    Schedule.objects.filter(pk__in=ids).update(repeats=0)  # lose their alarms again
+    # Lose their alarms again, fired longer ago than the grace a fired slot's delivery gets
+    # (Note [A fired slot is not a lost one] in durable_agent/tasks.py), so the sweep re-arms them.
+    fired = timezone.now() - timedelta(milliseconds=int(conf.get("SWEEP_GRACE_MS")) + 1000)
+    Schedule.objects.filter(pk__in=ids).update(repeats=0, next_run=fired)
     started = time.perf_counter()
     result = sweep()
     return {"ms": (time.perf_counter() - started) * 1000, "result": result["rearmed"]}
