@@ -59,3 +59,10 @@ if os.environ.get("DA_RETENTION_MS"):
         "RETENTION_BATCH_SIZE": int(os.environ.get("DA_RETENTION_BATCH", "500")),
         "SWEEP_INTERVAL_MS": int(os.environ.get("DA_SWEEP_MS", "5000")),
     }
+
+if os.environ.get("DA_FIRE_AHEAD_MS"):
+    # bench/lateness.py --fire-ahead-ms: Note [Fire ahead, run at the deadline] on or off.
+    DURABLE_AGENT = {
+        **globals().get("DURABLE_AGENT", {}),
+        "FIRE_AHEAD_MS": int(os.environ["DA_FIRE_AHEAD_MS"]),
+    }

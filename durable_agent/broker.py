@@ -39,7 +39,7 @@ import os
 import signal
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
@@ -97,6 +97,11 @@ def earliest_armed() -> Any:
     )
 
 
+def fire_ahead_lead() -> timedelta:
+    """``FIRE_AHEAD_MS`` as a timedelta (zero: fire at the deadline)."""
+    return timedelta(milliseconds=int(conf.get("FIRE_AHEAD_MS")))
+
+
 class AlarmFiring:
     """The firing loop shared by the alarm brokers (mixed into a django-q broker class).
 
@@ -124,6 +129,20 @@ class AlarmFiring:
         without another query: the ORM broker inserts their rows already claimed, the Redis
         broker never pushes them.
 
+    Note [Fire ahead, run at the deadline]
+        Firing at the deadline makes every alarm late by the firing's transaction, the
+        hand-over to a worker and the delivery's start, a few milliseconds each. So the loop
+        wakes ``FIRE_AHEAD_MS`` (10 ms) before the earliest deadline it knows of and fires the
+        alarm slots due within that lead then (``fire_alarm_batch(due_before=...)``); each
+        worker holds its delivery until the deadline (``durable_agent.tasks.fire_alarm``), so
+        the pass starts at the deadline, never before it (Celery holds an ``eta`` task in the
+        worker the same way). Nothing else changes: the slot is disarmed as at any firing, a
+        delivery more than the lead early is not held (the pass's early-fire guard handles
+        it), and a slot of anything else, or a slot the batch could not take, is fired at its
+        deadline as before (``_fired_ahead`` remembers the deadline already tried). A held
+        delivery keeps its worker for at most the lead; under a backlog nothing is held, as
+        every deadline is past.
+
     Size: one loop over the state ``_init_firing`` sets; its steps are read together with
     Note [Wake at the deadline] and Note [Fire alarm slots in batches], and the Redis broker
     mixes in the whole of it.
@@ -136,6 +155,7 @@ class AlarmFiring:
     def _init_firing(self) -> None:
         self._next_probe = 0.0
         self._last_fired: datetime | None = None
+        self._fired_ahead: datetime | None = None  # Note [Fire ahead, run at the deadline]
         self._next_sweep = 0.0  # once at start: a restarted cluster re-arms lost alarms first
         self.due_at: datetime | None = None
         self._fired: list[Any] = []
@@ -242,8 +262,11 @@ class AlarmFiring:
         try:
             self.probe()
             first = self.due_at
-            if first is None or first >= timezone.now():
+            if first is None:
                 return False
+            now = timezone.now()
+            if first >= now:
+                return self.fire_ahead(first, now)
             stuck = first == self._last_fired  # the last firing left this very slot armed
             self.due_at = None
             self._fired = []
@@ -264,13 +287,38 @@ class AlarmFiring:
             return False
         return True
 
+    def fire_ahead(self, first: datetime, now: datetime) -> bool:
+        """Fire the alarm slots due within ``FIRE_AHEAD_MS`` of ``now`` when the earliest known
+        deadline ``first`` is that close; True if any fired (Note [Fire ahead, run at the
+        deadline])."""
+        lead = fire_ahead_lead()
+        if not lead or first >= now + lead or first == self._fired_ahead:
+            return False
+        self._fired_ahead = first
+        self._fired = []
+        self._kept = 0
+        self._firing = True
+        try:
+            fired = self.fire_alarm_batch(due_before=now + lead)
+        finally:
+            self._firing = False
+        if not fired:  # not an alarm slot, or held elsewhere: fired at its deadline instead
+            return False
+        if fired >= self.fire_batch_size():
+            self._fired_ahead = None  # more may be due within the lead: fire again at once
+        else:
+            self.due_at = None
+            self._next_probe = 0.0  # learn the next deadline at once
+        return True
+
     def fire_batch_size(self) -> int:
         """How many alarm slots one firing transaction fires: one dequeue's worth (``bulk``)."""
         return max(1, int(Conf.BULK))
 
-    def fire_alarm_batch(self) -> int:
+    def fire_alarm_batch(self, due_before: datetime | None = None) -> int:
         """Fire up to ``fire_batch_size()`` due alarm slots of this cluster in one transaction,
-        the earliest first; return how many fired.
+        the earliest first; return how many fired. A slot is due when its deadline is before
+        ``due_before`` (default: now; Note [Fire ahead, run at the deadline]).
 
         Note [Fire alarm slots in batches]
             django-q's ``scheduler()`` fires every due slot in one transaction, each with an
@@ -298,7 +346,7 @@ class AlarmFiring:
                     .select_for_update(skip_locked=True, of=("self",))
                     .filter(_mine(), func=conf.alarm_task(), schedule_type=Schedule.ONCE)
                     .filter(Q(kwargs__isnull=True) | Q(kwargs=""))
-                    .filter(repeats__gt=0, next_run__lt=timezone.now())
+                    .filter(repeats__gt=0, next_run__lt=due_before or timezone.now())
                     .order_by("next_run")[: self.fire_batch_size()]
                 )
                 for slot in slots:
@@ -332,7 +380,11 @@ class AlarmFiring:
         now = time.monotonic()
         timeout = min(poll, max(0.0, self._next_probe - now))
         if self.due_at is not None:
-            until_due = (self.due_at - timezone.now()).total_seconds() + 0.001
+            wake_at = self.due_at + timedelta(milliseconds=1)  # django-q fires next_run < now
+            lead = fire_ahead_lead()
+            if lead and self.due_at != self._fired_ahead:
+                wake_at = self.due_at - lead  # Note [Fire ahead, run at the deadline]
+            until_due = (wake_at - timezone.now()).total_seconds()
             timeout = min(timeout, max(0.0, until_due))
         listener = self._listener()
         if listener is None:

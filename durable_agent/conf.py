@@ -127,6 +127,15 @@ SETTINGS: tuple[Setting, ...] = (
         "alarm lost and re-arms its host.",
     ),
     Setting(
+        "FIRE_AHEAD_MS",
+        10,
+        int,
+        0,
+        1_000,
+        "How far ahead of its deadline AlarmBroker fires an alarm slot; the worker holds the "
+        "delivery until the deadline, so the pass starts at it (0: fire at the deadline).",
+    ),
+    Setting(
         "PASS_WORKERS",
         2,
         int,

@@ -11,15 +11,23 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
 from durable_agent import alarm_listener
 from durable_agent.alarm_listener import AlarmListener, Wake
-from durable_agent.broker import PROBE_INTERVAL, AlarmBroker, earliest_armed, next_armed_run
+from durable_agent.broker import (
+    PROBE_INTERVAL,
+    AlarmBroker,
+    earliest_armed,
+    fire_ahead_lead,
+    next_armed_run,
+)
 from durable_agent.maintenance import alarm, gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE
 from durable_agent.models import Host, PassRecord
+from durable_agent.tasks import fire_alarm
 from durable_agent.testing import FakeClock, fake_clock
 from tests.maintenance.helpers import caught_up
 from tests.procs import ROOT, database_url
@@ -73,8 +81,48 @@ def test_probe__a_slot_due_before_the_next_probe_is_waited_for_and_fired(db: Non
     before = time.monotonic()
     broker.wait(5.0)  # ends at the deadline, not after the poll or the probe interval
     assert time.monotonic() - before < 2.5
-    assert timezone.now() > deadline
+    assert timezone.now() > deadline - fire_ahead_lead()  # Note [Fire ahead, run at the deadline]
     assert broker.fire_due_alarms() is True
+    assert OrmQ.objects.count() == 1
+    assert Schedule.objects.get().repeats == 0
+
+
+def test_fire_ahead__an_alarm_slot_fires_within_the_lead_before_its_deadline(db: None) -> None:
+    """Note [Fire ahead, run at the deadline]: the loop wakes ``FIRE_AHEAD_MS`` before the
+    deadline and fires the alarm slot then; its delivery is held until the deadline."""
+    host = Host.objects.create(key="ahead")
+    caught_up(host)
+    broker = AlarmBroker()
+    broker.listen = False
+    broker.probe_interval = 5.0
+    with override_settings(DURABLE_AGENT={"FIRE_AHEAD_MS": 500}):
+        deadline = timezone.now() + timedelta(milliseconds=1500)
+        gate.schedule(host, LIFECYCLE, deadline)
+        assert broker.fire_due_alarms() is False  # known, further away than the lead
+        broker.wait(5.0)  # wakes the lead before the deadline
+        assert broker.fire_due_alarms() is True
+        assert timezone.now() < deadline
+        assert OrmQ.objects.count() == 1
+        assert Schedule.objects.get().repeats == 0
+        task = OrmQ.objects.get().task
+        assert task["kwargs"]["deadline"] == deadline.isoformat()
+        result = fire_alarm(*task["args"], **task["kwargs"])  # held until the deadline
+    assert result["phase"] != "stale"
+    record = PassRecord.objects.get(host=host, deadline=deadline)
+    assert record.started_at >= deadline
+
+
+def test_fire_ahead__any_other_schedule_fires_at_its_deadline(db: None) -> None:
+    broker = AlarmBroker()
+    broker.listen = False
+    broker.probe_interval = 5.0
+    with override_settings(DURABLE_AGENT={"FIRE_AHEAD_MS": 300}):
+        deadline = timezone.now() + timedelta(milliseconds=600)
+        Schedule.objects.create(
+            func="math.floor", args="1", schedule_type=Schedule.ONCE, next_run=deadline, repeats=1
+        )
+        assert fire_when_due(broker) is True
+        assert timezone.now() > deadline  # not before it: only alarm slots are fired ahead
     assert OrmQ.objects.count() == 1
     assert Schedule.objects.get().repeats == 0
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.test import override_settings
+from django.utils import timezone
 from django_q.models import Schedule
 
 from durable_agent import conf
-from durable_agent.maintenance import alarm
+from durable_agent.maintenance import alarm, gate
+from durable_agent.maintenance.lane_ids import LIFECYCLE
 from durable_agent.models import Host, MaintenanceState, PassRecord
 from durable_agent.tasks import fire_alarm
 from durable_agent.testing import FakeClock, ScriptedRuntime
+from tests.maintenance.helpers import caught_up
 from tests.qdrive import drain_alarms, fire_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,6 +100,35 @@ def test_fire_alarm__a_delivery_reads_its_host_inside_the_pass_transaction(
     ]
     assert host_reads == []  # the host arrives with the lanes, in the same transaction
     assert alarm.scheduled(host) is None
+
+
+def test_fire_alarm__a_delivery_fired_ahead_is_held_until_its_deadline() -> None:
+    """Note [Fire ahead, run at the deadline]: a delivery within ``FIRE_AHEAD_MS`` of its
+    deadline waits for it, so its pass runs (not the early-fire guard) and starts on time."""
+    host = Host.objects.create(key="ahead")
+    caught_up(host)
+    with override_settings(DURABLE_AGENT={"FIRE_AHEAD_MS": 500}):
+        gate.schedule(host, LIFECYCLE, timezone.now() + timedelta(milliseconds=300))
+        deadline = alarm.scheduled(host)
+        assert deadline is not None
+        result = fire_alarm(host.pk, deadline=deadline.isoformat())
+    assert result["phase"] != "stale"
+    record = PassRecord.objects.get(host=host, deadline=deadline)
+    assert record.started_at >= deadline
+    assert alarm.scheduled(host) is None
+
+
+def test_fire_alarm__a_delivery_earlier_than_the_lead_is_not_held() -> None:
+    host = Host.objects.create(key="too-early")
+    caught_up(host)
+    gate.schedule(host, LIFECYCLE, timezone.now() + timedelta(seconds=5))
+    deadline = alarm.scheduled(host)
+    assert deadline is not None
+    started = time.monotonic()
+    result = fire_alarm(host.pk, deadline=deadline.isoformat())
+    assert time.monotonic() - started < 2.5  # the default lead is 10 ms: not held
+    assert result["phase"] == "stale"  # the early-fire guard, as before
+    assert alarm.scheduled(host) == deadline
 
 
 def test_fire_alarm__a_deleted_host_is_ignored(clock: FakeClock) -> None:
