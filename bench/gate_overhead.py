@@ -46,15 +46,15 @@ from typing import Any
 from bench.common import machine, reset, setup, summary, table
 
 SECTIONS = {
-    "commit function (one call)": ("durable_agent.maintenance.commit_function", "commit"),
+    "commit function (one call)": ("durable_agent.maintenance.mutations.commit_function", "commit"),
     "run_alarm_transaction (all of it)": (
-        "durable_agent.maintenance.transactions",
+        "durable_agent.maintenance.store.transactions",
         "run_alarm_transaction",
     ),
-    "lock the state row": ("durable_agent.maintenance.transactions", "lock_state"),
-    "read lanes + host + slot": ("durable_agent.maintenance.due_queue", "DueQueue.load"),
-    "write the state": ("durable_agent.maintenance.transactions", "_flush_state"),
-    "write the lanes": ("durable_agent.maintenance.due_queue", "DueQueue.flush"),
+    "lock the state row": ("durable_agent.maintenance.store.transactions", "lock_state"),
+    "read lanes + host + slot": ("durable_agent.maintenance.store.due_queue", "DueQueue.load"),
+    "write the state": ("durable_agent.maintenance.store.transactions", "_flush_state"),
+    "write the lanes": ("durable_agent.maintenance.store.due_queue", "DueQueue.flush"),
 }
 CASES = ("new host", "settled host", "earlier", "coalesces")
 PATHS = ("function", "python")

@@ -76,7 +76,7 @@ def main() -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from durable_agent.maintenance.audit import audit_all
+    from durable_agent.maintenance.operators.audit import audit_all
     from durable_agent.runtime import get_runtime
 
     rows = []

@@ -312,7 +312,7 @@ def _sweep_once() -> dict[str, Any]:
 
 
 def _audit_once() -> dict[str, Any]:
-    from durable_agent.maintenance.audit import audit_all
+    from durable_agent.maintenance.operators.audit import audit_all
     from durable_agent.runtime import get_runtime
 
     started = time.perf_counter()

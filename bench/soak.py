@@ -575,7 +575,7 @@ def main() -> int:
 
     from bench.benchapp.models import Execution
     from durable_agent.api.tokens import issue_token
-    from durable_agent.maintenance.audit import audit_all
+    from durable_agent.maintenance.operators.audit import audit_all
     from durable_agent.models import Host, PassRecord, Submission
     from durable_agent.runtime import get_runtime
 

@@ -325,8 +325,8 @@ class AlarmFiring:
             enqueue and a ``Schedule`` save, before any worker gets a task: a burst of a
             thousand slots due at once waits seconds for its first pass. Alarm slots
             (``func`` the alarm task, ONCE, ``repeats`` > 0, no ``kwargs``: the rows
-            ``durable_agent/maintenance/alarm.py`` writes) are fired here instead, a batch at a
-            time, with the stock semantics: each gets one task built by django-q's own
+            ``durable_agent/maintenance/store/alarm.py`` writes) are fired here instead, a batch
+            at a time, with the stock semantics: each gets one task built by django-q's own
             ``async_task`` (its ``deadline`` kwarg from ``intended_date_kwarg``, its group the
             schedule's name, its hook), its ``task`` id recorded and ``repeats`` set to 0, all
             in one transaction: the rows are locked with SKIP LOCKED (a slot a pass or another

@@ -303,7 +303,7 @@ def check_alarm_invariant(
     from django.db import DatabaseError
 
     # deferred: Django - both import models; checks is imported from AppConfig.ready
-    from durable_agent.maintenance.audit import audit_all
+    from durable_agent.maintenance.operators.audit import audit_all
     from durable_agent.runtime import get_runtime  # deferred: Django - settings read at import
 
     try:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from durable_agent import clock, signals
 
 if TYPE_CHECKING:
-    from durable_agent.maintenance.pass_records import PassReport
+    from durable_agent.maintenance.passes.pass_records import PassReport
     from durable_agent.models import Host
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -169,9 +169,9 @@ class FleetSnapshot:
 
 def fleet_snapshot(*, now: datetime | None = None) -> FleetSnapshot:
     """The fleet's counts now (four queries, whatever the number of hosts), with the states of
-    the shared read model (``durable_agent.maintenance.selectors``)."""
+    the shared read model (``durable_agent.maintenance.store.selectors``)."""
     # deferred: import cycle - the maintenance package's __init__ imports gate, which imports this
-    from durable_agent.maintenance import selectors
+    from durable_agent.maintenance.store import selectors
     from durable_agent.models import DueLane, LaneState, Submission, SubmissionState
 
     now = now or clock.now()

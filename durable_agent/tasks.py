@@ -55,8 +55,8 @@ def sweep(*, page_size: int = SWEEP_PAGE_SIZE) -> dict[str, int]:
     disarmed slot (a crash between django-q's fire and the pass's first commit, a database
     outage, a hand edit), and hosts with binding retries recorded under another registry key
     (a deploy), and runs ``ensure_alarm`` on each; then prunes one batch per table of the rows
-    past their retention (``durable_agent.maintenance.retention``): old pass records, audit
-    rows, delivered recovery events, long-expired mutation tickets and alarm task results.
+    past their retention (``durable_agent.maintenance.operators.retention``): old pass records,
+    audit rows, delivered recovery events, long-expired mutation tickets and alarm task results.
     ``AlarmBroker`` runs it every minute; without that broker, schedule this task yourself.
     Returns ``rearmed`` and the number of rows pruned per table.
 

@@ -171,7 +171,7 @@ class ScriptedRuntime:
         # deferred: Django - conftest imports this module before the app registry is ready
         from durable_agent.maintenance import gate
         from durable_agent.maintenance.lane_ids import NATIVE
-        from durable_agent.maintenance.transactions import resolve_host_id
+        from durable_agent.maintenance.store.transactions import resolve_host_id
 
         host_id = resolve_host_id(host)  # type: ignore[arg-type]
         with self._lock:
@@ -189,7 +189,7 @@ class ScriptedRuntime:
     def script_recovery(self, host: object, thread: str, *sweeps: object) -> None:
         """Queue the sweeps ``run_recovery`` returns for ``thread`` (then empty sweeps)."""
         # deferred: Django - conftest imports this module before the app registry is ready
-        from durable_agent.maintenance.transactions import resolve_host_id
+        from durable_agent.maintenance.store.transactions import resolve_host_id
 
         key = (resolve_host_id(host), thread)  # type: ignore[arg-type]
         with self._lock:

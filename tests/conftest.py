@@ -62,7 +62,7 @@ def _row_locks_name_their_table() -> Iterator[None]:
     if found:
         pytest.fail(
             "Row locks outside the discipline of Note [Lock one table] "
-            "(durable_agent/maintenance/transactions.py):\n" + "\n".join(map(str, found)),
+            "(durable_agent/maintenance/store/transactions.py):\n" + "\n".join(map(str, found)),
             pytrace=False,
         )
 

@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -95,7 +96,7 @@ def test_fire_ahead__an_alarm_slot_fires_within_the_lead_before_its_deadline(db:
     broker = AlarmBroker()
     broker.listen = False
     broker.probe_interval = 5.0
-    with override_settings(DURABLE_AGENT={"FIRE_AHEAD_MS": 500}):
+    with override_settings(DURABLE_AGENT={**settings.DURABLE_AGENT, "FIRE_AHEAD_MS": 500}):
         deadline = timezone.now() + timedelta(milliseconds=1500)
         gate.schedule(host, LIFECYCLE, deadline)
         assert broker.fire_due_alarms() is False  # known, further away than the lead
@@ -116,7 +117,7 @@ def test_fire_ahead__any_other_schedule_fires_at_its_deadline(db: None) -> None:
     broker = AlarmBroker()
     broker.listen = False
     broker.probe_interval = 5.0
-    with override_settings(DURABLE_AGENT={"FIRE_AHEAD_MS": 300}):
+    with override_settings(DURABLE_AGENT={**settings.DURABLE_AGENT, "FIRE_AHEAD_MS": 300}):
         deadline = timezone.now() + timedelta(milliseconds=600)
         Schedule.objects.create(
             func="math.floor", args="1", schedule_type=Schedule.ONCE, next_run=deadline, repeats=1

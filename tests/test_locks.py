@@ -19,7 +19,7 @@ from durable_agent import lanes, tasks
 from durable_agent.agents import registry
 from durable_agent.agents.context import AgentContext
 from durable_agent.maintenance import alarm, ensure_alarm, gate, repairs, run_pass
-from durable_agent.maintenance.rows import lock_state_row
+from durable_agent.maintenance.store.rows import lock_state_row
 from durable_agent.models import Host, Submission, SubmissionState
 from durable_agent.testing import FakeClock
 from tests import locks

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import durable_agent
-from durable_agent.maintenance.audit import audit_all
+from durable_agent.maintenance.operators.audit import audit_all
 from durable_agent.models import Host, Submission
 from durable_agent.runtime import get_runtime
 from tests.procs import ROOT, database_url

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 from django_q.models import Schedule
@@ -107,7 +108,7 @@ def test_fire_alarm__a_delivery_fired_ahead_is_held_until_its_deadline() -> None
     deadline waits for it, so its pass runs (not the early-fire guard) and starts on time."""
     host = Host.objects.create(key="ahead")
     caught_up(host)
-    with override_settings(DURABLE_AGENT={"FIRE_AHEAD_MS": 500}):
+    with override_settings(DURABLE_AGENT={**settings.DURABLE_AGENT, "FIRE_AHEAD_MS": 500}):
         gate.schedule(host, LIFECYCLE, timezone.now() + timedelta(milliseconds=300))
         deadline = alarm.scheduled(host)
         assert deadline is not None

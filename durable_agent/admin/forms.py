@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from durable_agent import clock
 from durable_agent.errors import InvalidInput
-from durable_agent.maintenance.repairs import MAX_REASON_LENGTH, validate_reason
+from durable_agent.text import MAX_REASON_LENGTH, validate_reason
 
 REARM_PAST_LIMIT = timedelta(minutes=5)
 """How far in the past an operator may set the slot (a past slot fires at once)."""

@@ -1,14 +1,14 @@
 """Read-only queries behind the admin pages (no writes here or anywhere in the admin).
 
 The states and per-host figures are those of the shared read model,
-:mod:`durable_agent.maintenance.selectors` (the API, the audit and the health endpoint read the
-same definitions). Every per-host figure is a correlated subquery or a join, never a query per
-row, so the host list runs a constant number of queries per page.
+:mod:`durable_agent.maintenance.store.selectors` (the API, the audit and the health endpoint
+read the same definitions). Every per-host figure is a correlated subquery or a join, never a
+query per row, so the host list runs a constant number of queries per page.
 """
 
 from __future__ import annotations
 
-from durable_agent.maintenance.selectors import (
+from durable_agent.maintenance.store.selectors import (
     OVERDUE_AFTER,
     FleetCounts,
     annotate_hosts,

@@ -23,7 +23,7 @@ from durable_agent.agents.services import encode_json
 from durable_agent.errors import BindingUnavailable
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.transactions import user_atomic_depth
+from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Settlement

@@ -10,7 +10,7 @@ from django.db import transaction
 from durable_agent import clock
 from durable_agent.agents.errors import LeaseLost, TransactionMisuse
 from durable_agent.errors import InvalidInput
-from durable_agent.maintenance.transactions import user_atomic_depth
+from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import Submission, SubmissionState
 from durable_agent.text import check_text
 

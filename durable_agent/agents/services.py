@@ -41,9 +41,9 @@ from durable_agent.agents.errors import (
 )
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance import gate
-from durable_agent.maintenance.alarm import _actor_name
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.transactions import resolve_host_id
+from durable_agent.maintenance.store.alarm import _actor_name
+from durable_agent.maintenance.store.transactions import resolve_host_id
 from durable_agent.models import (
     AlarmAudit,
     Host,

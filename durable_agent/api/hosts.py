@@ -34,8 +34,8 @@ from durable_agent.api.selectors import (
     host_lanes,
     host_page,
 )
-from durable_agent.maintenance.audit import audit_all
-from durable_agent.maintenance.selectors import verdict
+from durable_agent.maintenance.operators.audit import audit_all
+from durable_agent.maintenance.store.selectors import verdict
 from durable_agent.models import Host, MaintenanceState
 from durable_agent.runtime import get_runtime
 

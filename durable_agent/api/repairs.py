@@ -1,8 +1,9 @@
 """Repair endpoints: rearm, run a pass, unpark a lane, retry a binding wait or a fault.
 
-Each calls the same audited service as the admin (``durable_agent.maintenance.repairs`` and
-``alarm.rearm``), so each writes exactly one ``AlarmAudit`` row naming the caller: the user,
-or ``token:<name>``. All of them need the repair scope (:func:`require_repair`).
+Each calls the same audited service as the admin
+(``durable_agent.maintenance.operators.repairs`` and ``alarm.rearm``), so each writes exactly
+one ``AlarmAudit`` row naming the caller: the user, or ``token:<name>``. All of them need the
+repair scope (:func:`require_repair`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from durable_agent.api.schemas import (
 from durable_agent.api.selectors import get_host
 from durable_agent.errors import DurableAgentError
 from durable_agent.maintenance import alarm, repairs
+from durable_agent.maintenance.operators.repairs import RepairResult
 from durable_agent.maintenance.passes import PassReport
-from durable_agent.maintenance.repairs import RepairResult
+from durable_agent.text import validate_reason
 
 router = Router(tags=["repairs"])
 REPAIR_ERRORS = errors(400, 401, 403, 404, 409, 422)
@@ -65,7 +67,7 @@ def body_reason(request: HttpRequest, body: RepairIn | None) -> str:
             "The request is not valid",
             {"errors": [{"loc": ["body"], "msg": NULL_BODY, "type": "value_error"}]},
         )
-    return repairs.validate_reason(body.reason if body is not None else "")
+    return validate_reason(body.reason if body is not None else "")
 
 
 @router.post(
@@ -81,7 +83,7 @@ def rearm(request: HttpRequest, key: Path[HostKey], body: RearmIn) -> RearmOut:
     always hold the earliest deadline.
     """
     caller = require_repair(request)
-    reason = repairs.validate_reason(body.reason, required=True)
+    reason = validate_reason(body.reason, required=True)
     host = get_host(key)
     when = alarm.rearm(host, at=body.at, actor=caller.actor, reason=reason)
     return RearmOut(host=host.key, alarm=when)

@@ -27,13 +27,13 @@ from pydantic import (
 )
 
 from durable_agent.maintenance.lane_ids import MAX_LANE_ID_LENGTH
-from durable_agent.maintenance.repairs import MAX_REASON_LENGTH
 from durable_agent.models.ledger import (
     MAX_AGENT_NAME_LENGTH,
     MAX_AGENT_VERSION_LENGTH,
     MAX_IDEMPOTENCY_KEY_LENGTH,
     MAX_THREAD_KEY_LENGTH,
 )
+from durable_agent.text import MAX_REASON_LENGTH
 
 NO_NUL = r"^[^\x00]*$"
 HOST_KEY = r"^[-a-zA-Z0-9_]+$"

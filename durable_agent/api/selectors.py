@@ -12,8 +12,8 @@ from django.db.models import Q, QuerySet
 from durable_agent import clock
 from durable_agent.errors import HostNotFound
 from durable_agent.maintenance import selectors
-from durable_agent.maintenance.audit import HostAudit, audit_host
-from durable_agent.maintenance.selectors import Verdict, is_overdue, verdict
+from durable_agent.maintenance.operators.audit import HostAudit, audit_host
+from durable_agent.maintenance.store.selectors import Verdict, is_overdue, verdict
 from durable_agent.models import (
     AlarmAudit,
     BindingRetry,
@@ -48,7 +48,7 @@ class Page:
 
 
 def _annotated_hosts() -> QuerySet[Host]:
-    """Hosts with the shared read model's annotations (see ``maintenance/selectors.py``)."""
+    """Hosts with the shared read model's annotations (see ``maintenance/store/selectors.py``)."""
     return selectors.annotate_hosts(Host.objects.select_related("alarm"))
 
 

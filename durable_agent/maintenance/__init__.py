@@ -1,9 +1,27 @@
-"""The maintenance core: alarm slot, due queue, mutation gate and the pass."""
+"""The maintenance core: alarm slot, due queue, mutation gate and the pass (docs/architecture.md).
 
-from durable_agent.maintenance import alarm, failpoints, gate
-from durable_agent.maintenance.due_queue import DueQueue
+Its sub-packages, lowest first (each imports only the ones below it, and the shared base
+modules here: ``types``, ``lane_ids``, ``backoff``, ``failpoints``, ``registry``,
+``work_cursors``): ``store`` (the slot, the due queue, alarm transactions, the read model),
+``mutations`` (the gate), ``lanes`` (what a pass runs), ``passes`` (the pass and its phases),
+``operators`` (audit, repairs, retention).
+
+This package's public surface: the names below, and its modules by their short names
+(``from durable_agent.maintenance import gate``).
+"""
+
+from durable_agent.maintenance import backoff, failpoints, lane_ids, passes, registry
+from durable_agent.maintenance.lanes import lane_registry, waves
+from durable_agent.maintenance.lanes.pool import close_thread_pool
+from durable_agent.maintenance.mutations import commit_function, gate
+from durable_agent.maintenance.operators import audit, repairs, retention
 from durable_agent.maintenance.passes import PassReport, ensure_alarm, rearm_failure, run_pass
-from durable_agent.maintenance.transactions import require_alarm_transaction, run_alarm_transaction
+from durable_agent.maintenance.store import alarm, selectors, transactions
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import (
+    require_alarm_transaction,
+    run_alarm_transaction,
+)
 from durable_agent.maintenance.types import Lane
 
 __all__ = [
@@ -11,11 +29,24 @@ __all__ = [
     "Lane",
     "PassReport",
     "alarm",
+    "audit",
+    "backoff",
+    "close_thread_pool",
+    "commit_function",
     "ensure_alarm",
     "failpoints",
     "gate",
+    "lane_ids",
+    "lane_registry",
+    "passes",
     "rearm_failure",
+    "registry",
+    "repairs",
     "require_alarm_transaction",
+    "retention",
     "run_alarm_transaction",
     "run_pass",
+    "selectors",
+    "transactions",
+    "waves",
 ]

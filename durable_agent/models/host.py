@@ -7,7 +7,7 @@ from django.db.models import F, Q
 
 
 def armed() -> Q:
-    """A host whose slot is armed (``maintenance/selectors.py`` re-exports this rule)."""
+    """A host whose slot is armed (``maintenance/store/selectors.py`` re-exports this rule)."""
     return Q(alarm__isnull=False) & ~Q(alarm__repeats=0)
 
 

@@ -22,7 +22,7 @@ from durable_agent.api.tokens import issue_token
 from durable_agent.checks import check_alarm_invariant
 from durable_agent.errors import LaneNotRegistered
 from durable_agent.maintenance import alarm, gate, run_pass
-from durable_agent.maintenance.audit import PAGE_SIZE, audit_all, audit_host
+from durable_agent.maintenance.operators.audit import PAGE_SIZE, audit_all, audit_host
 from durable_agent.models import DueLane, Host, MaintenanceState, PassRecord, SubmissionState
 from durable_agent.runtime import get_runtime
 from durable_agent.testing import FakeClock, ScriptedRuntime

@@ -11,7 +11,7 @@ from ninja.throttling import BaseThrottle
 
 import durable_agent.agents.errors
 import durable_agent.api.tokens
-import durable_agent.maintenance.repairs
+import durable_agent.maintenance.operators.repairs
 from durable_agent.api import router, selectors
 from durable_agent.api.errors import STATUS_BY_CODE, ErrorContract, jsonable, status_for
 from durable_agent.errors import DurableAgentError, HostNotFound, InvalidInput
@@ -23,7 +23,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 ERROR_MODULES = (
     durable_agent.agents.errors,
     durable_agent.api.tokens,
-    durable_agent.maintenance.repairs,
+    durable_agent.maintenance.operators.repairs,
 )
 
 

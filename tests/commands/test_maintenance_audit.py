@@ -10,7 +10,7 @@ from django_q.models import Schedule
 
 from durable_agent import lanes
 from durable_agent.maintenance import alarm, gate, run_pass
-from durable_agent.maintenance.audit import audit_all
+from durable_agent.maintenance.operators.audit import audit_all
 from durable_agent.models import AlarmAudit, Host, MutationTicket
 from durable_agent.testing import FakeClock, ScriptedRuntime
 from tests.maintenance.helpers import caught_up

@@ -30,8 +30,8 @@ from durable_agent.maintenance import (
     gate,
     run_alarm_transaction,
 )
-from durable_agent.maintenance.due_queue import EPOCH
 from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.types import EPOCH
 from durable_agent.models import AlarmAudit, DueLane, Host, MaintenanceState
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import caught_up

@@ -21,7 +21,8 @@ from durable_agent.errors import (
     RevisionConflict,
 )
 from durable_agent.maintenance import alarm, run_alarm_transaction
-from durable_agent.maintenance.due_queue import DueQueue, Lane
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.types import Lane
 from durable_agent.models import AlarmAudit, DueLane, Host, MaintenanceState
 from durable_agent.testing import FakeClock
 from tests.factories import T0, AlarmAuditFactory, DueLaneFactory

@@ -19,8 +19,8 @@ from durable_agent.maintenance import (
     run_alarm_transaction,
     run_pass,
 )
-from durable_agent.maintenance.due_queue import EPOCH
 from durable_agent.maintenance.lane_ids import NATIVE, RECOVERY_EVENTS
+from durable_agent.maintenance.types import EPOCH
 from durable_agent.models import (
     BindingRetry,
     DueLane,

@@ -1,5 +1,5 @@
 """The pass's thread pool: kept per calling thread, its connections reused (Note [One pool per
-calling thread] in durable_agent/maintenance/waves.py)."""
+calling thread] in durable_agent/maintenance/lanes/pool.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection, connections
 
-from durable_agent.maintenance import waves
-from durable_agent.maintenance.waves import Executor, close_thread_pool
+from durable_agent.maintenance.lanes import pool as thread_pools
+from durable_agent.maintenance.lanes.pool import Executor, close_thread_pool
 
 pytestmark = [pytest.mark.threads, pytest.mark.django_db(transaction=True)]
 
@@ -51,7 +51,7 @@ def test_pool__conn_max_age_zero_closes_the_threads_connection_after_each_run() 
     first = _run(Executor(2))
     second = _run(Executor(2))
     assert second[0] == first[0]  # the same thread ...
-    pool = waves._thread_pool(2)
+    pool = thread_pools._thread_pool(2)
     opened = pool.executor.submit(lambda: connections["default"].connection).result(timeout=10)
     assert opened is None  # ... with no connection left open between runs
 
@@ -85,10 +85,10 @@ def test_pool__work_left_running_retires_the_pool() -> None:
     release = threading.Event()
     executor = Executor(2)
     stuck = executor.submit(lambda: release.wait(timeout=10))
-    old = waves._thread_pool(2)
+    old = thread_pools._thread_pool(2)
     executor.shutdown()  # the pass gives up on a wave that is still running
     assert old.retired.is_set()
-    fresh = waves._thread_pool(2)
+    fresh = thread_pools._thread_pool(2)
     assert fresh is not old
     release.set()
     assert stuck.result(timeout=10) is True
@@ -97,16 +97,16 @@ def test_pool__work_left_running_retires_the_pool() -> None:
 def test_pool__finished_work_keeps_the_pool() -> None:
     executor = Executor(2)
     executor.submit(lambda: 1).result(timeout=10)
-    pool = waves._thread_pool(2)
+    pool = thread_pools._thread_pool(2)
     executor.shutdown()
     assert not pool.retired.is_set()
-    assert waves._thread_pool(2) is pool
+    assert thread_pools._thread_pool(2) is pool
 
 
 def test_pool__each_calling_thread_has_its_own_pool() -> None:
-    mine = waves._thread_pool(2)
-    theirs: list[waves._Pool] = []
-    other = threading.Thread(target=lambda: theirs.append(waves._thread_pool(2)))
+    mine = thread_pools._thread_pool(2)
+    theirs: list[thread_pools._Pool] = []
+    other = threading.Thread(target=lambda: theirs.append(thread_pools._thread_pool(2)))
     other.start()
     other.join(timeout=10)
     assert theirs

@@ -12,9 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from django_q.models import Schedule
 
 from durable_agent.maintenance import gate
-from durable_agent.maintenance.due_queue import Lane
 from durable_agent.maintenance.lane_ids import LIFECYCLE, NATIVE
-from durable_agent.maintenance.rows import _reads, load_lanes, lock_state_row, update_where
+from durable_agent.maintenance.store.rows import _reads, load_lanes, lock_state_row, update_where
+from durable_agent.maintenance.types import Lane
 from durable_agent.models import DueLane, Host, MaintenanceState
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import caught_up

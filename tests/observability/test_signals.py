@@ -12,8 +12,8 @@ from django.dispatch import Signal
 import durable_agent
 from durable_agent import lanes, signals
 from durable_agent.maintenance import alarm, gate, repairs, run_pass
+from durable_agent.maintenance.operators.repairs import NotRepairable
 from durable_agent.maintenance.passes import report_parked
-from durable_agent.maintenance.repairs import NotRepairable
 from durable_agent.models import AlarmAudit, DueLane, Host, PassRecord, Submission
 from durable_agent.testing import FakeClock, ScriptedRuntime
 from tests.agents.test_services import make

@@ -26,8 +26,8 @@ from durable_agent.agents import recovery as agent_recovery
 from durable_agent.agents import registry
 from durable_agent.errors import AlarmError, PassFailed
 from durable_agent.maintenance import alarm, ensure_alarm, failpoints, gate, run_pass
-from durable_agent.maintenance.audit import audit_host
 from durable_agent.maintenance.failpoints import FailpointError
+from durable_agent.maintenance.operators.audit import audit_host
 from durable_agent.models import Host, MaintenanceState, Submission
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import drain

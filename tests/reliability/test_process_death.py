@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from durable_agent.maintenance import alarm, ensure_alarm, failpoints
-from durable_agent.maintenance.audit import audit_host
+from durable_agent.maintenance.operators.audit import audit_host
 from durable_agent.models import Host, MaintenanceState, MutationTicket, Submission
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import drain

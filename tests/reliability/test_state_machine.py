@@ -17,8 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from durable_agent import lanes
 from durable_agent.errors import AlarmError
 from durable_agent.maintenance import alarm, ensure_alarm, failpoints, gate, repairs, run_pass
-from durable_agent.maintenance.audit import audit_host
 from durable_agent.maintenance.failpoints import FailpointError
+from durable_agent.maintenance.operators.audit import audit_host
 from durable_agent.models import DueLane, Host, MaintenanceState
 from durable_agent.testing import FakeClock, ScriptedRuntime, installed_runtime
 from tests.maintenance.helpers import drain

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durable_agent.maintenance.audit import audit_all, repair_host
+from durable_agent.maintenance.operators.audit import audit_all, repair_host
 from durable_agent.models import Host
 from durable_agent.runtime import get_runtime
 

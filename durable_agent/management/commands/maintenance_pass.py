@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agent.maintenance.passes import run_pass
-from durable_agent.maintenance.selectors import hosts_for_pass
+from durable_agent.maintenance.store.selectors import hosts_for_pass
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """The short paths of a caught-up pass: nothing or one lane wave to run.
 
 ``short_path`` says what a caught-up pass has to run; the begin transaction
-(``durable_agent/maintenance/passes.py``) finishes a pass with nothing to run itself, or
+(``durable_agent/maintenance/passes/run.py``) finishes a pass with nothing to run itself, or
 charges the one wave, which ``one_wave`` runs and completes together with the finish
 (Note [Nothing or one wave to run]). ``Begun`` is what the begin transaction found.
 """
@@ -13,16 +13,12 @@ from datetime import datetime, timedelta
 
 from durable_agent import clock, conf, observability
 from durable_agent.errors import LaneNotRegistered
-from durable_agent.maintenance import failpoints, lane_registry, lease
-from durable_agent.maintenance.alarm import Checkpoint
-from durable_agent.maintenance.due_queue import DueQueue, Lane
-from durable_agent.maintenance.finish import check_deadline, settle_alarm
+from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lane_ids import PUBLICATION
-from durable_agent.maintenance.lane_registry import LaneContext, LaneSpec
-from durable_agent.maintenance.native import Started
-from durable_agent.maintenance.pass_records import PassReport, write_record
-from durable_agent.maintenance.transactions import run_alarm_transaction
-from durable_agent.maintenance.waves import (
+from durable_agent.maintenance.lanes import lane_registry
+from durable_agent.maintenance.lanes.lane_registry import LaneSpec
+from durable_agent.maintenance.lanes.native.state import Started
+from durable_agent.maintenance.lanes.waves import (
     Observation,
     OverrunFlag,
     admissible,
@@ -31,6 +27,12 @@ from durable_agent.maintenance.waves import (
     run_claimed,
     validate_lanes,
 )
+from durable_agent.maintenance.passes import lease
+from durable_agent.maintenance.passes.finish import check_deadline, settle_alarm
+from durable_agent.maintenance.passes.pass_records import PassReport, write_record
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import run_alarm_transaction
+from durable_agent.maintenance.types import Checkpoint, Lane, LaneContext
 from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from durable_agent import clock
-from durable_agent.maintenance.due_queue import DueQueue
-from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import run_alarm_transaction
 from durable_agent.maintenance.types import Checkpoint, LaneContext
 from durable_agent.models import MaintenanceState, RecoveryEvent
 from durable_agent.signals import recovery_fault

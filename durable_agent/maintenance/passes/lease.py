@@ -19,8 +19,8 @@ from datetime import datetime
 from django.db import connections
 
 from durable_agent import clock, conf
-from durable_agent.maintenance.alarm import Checkpoint
-from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.types import Checkpoint
 from durable_agent.models import MaintenanceState
 
 logger = logging.getLogger("durable_agent.maintenance")

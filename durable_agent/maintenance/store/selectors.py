@@ -88,7 +88,7 @@ def failing_after() -> int:
 #     A missing state row reads as dirty. Looking for such hosts among all the hosts is an
 #     anti-join that reads every host (seconds at a million); but a slot is only ever set in
 #     an alarm transaction, which creates the host's state row first (``lock_state`` in
-#     ``durable_agent/maintenance/transactions.py``), and a state row is deleted only with its
+#     ``durable_agent/maintenance/store/transactions.py``), and a state row is deleted only with its
 #     host. So a host without a state row has no slot (``alarm`` is null), and the dirty
 #     filter looks for them among the hosts without a slot alone (the ``alarm`` column's
 #     unique index holds its nulls).

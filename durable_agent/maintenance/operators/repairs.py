@@ -13,10 +13,12 @@ from typing import Any
 
 from durable_agent import clock, conf, signals
 from durable_agent.errors import InvalidInput
-from durable_agent.maintenance.alarm import Checkpoint, _actor_name
-from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance import passes
 from durable_agent.maintenance.lane_ids import NATIVE, validate_lane_id
-from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.store.alarm import _actor_name
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import run_alarm_transaction
+from durable_agent.maintenance.types import Checkpoint
 from durable_agent.models import (
     AlarmAudit,
     BindingRetry,
@@ -25,9 +27,7 @@ from durable_agent.models import (
     MaintenanceState,
     RecoveryFault,
 )
-from durable_agent.text import MAX_REASON_LENGTH as MAX_REASON_LENGTH  # re-exported
-from durable_agent.text import check_text
-from durable_agent.text import validate_reason as validate_reason  # re-exported
+from durable_agent.text import check_text, validate_reason
 
 
 class NotRepairable(InvalidInput):
@@ -211,9 +211,6 @@ def fault_retry_now(
 
 def pass_now(*, host: Host | str | int, actor: Any = None, reason: str = "") -> Any:
     """Audit, then run a maintenance pass of ``host`` at once; returns its PassReport."""
-    # deferred: looked up at call time, so a replaced passes.run_pass is the one run
-    from durable_agent.maintenance.passes import run_pass
-
     reason = validate_reason(reason)
     actor_name = _actor_name(actor)
     now = clock.now()
@@ -224,4 +221,4 @@ def pass_now(*, host: Host | str | int, actor: Any = None, reason: str = "") -> 
         )
 
     run_alarm_transaction(host, "audit maintenance pass", fn)
-    return run_pass(host)
+    return passes.run_pass(host)  # looked up at call time: a replaced run_pass is the one run

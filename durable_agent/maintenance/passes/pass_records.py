@@ -15,7 +15,7 @@ from typing import Any
 
 from durable_agent import clock, conf, observability
 from durable_agent.maintenance import failpoints
-from durable_agent.maintenance.ensure import report_parked
+from durable_agent.maintenance.passes.ensure import report_parked
 from durable_agent.models import Host, PassRecord
 
 logger = logging.getLogger("durable_agent.maintenance")

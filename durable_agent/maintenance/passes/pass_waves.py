@@ -3,7 +3,7 @@
 The concurrent waves admitted when the pass starts (``admit_waves``), the publication barrier
 before the native step (``publication_barrier``), one more round for the lanes the native step
 made due (``refill_waves``, Note [Deliver what the pass produced]) and the after-native waves
-(``after_native``). How one wave runs is ``durable_agent/maintenance/waves.py``.
+(``after_native``). How one wave runs is ``durable_agent/maintenance/lanes/waves.py``.
 """
 
 from __future__ import annotations
@@ -16,19 +16,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agent import clock, conf, observability
-from durable_agent.maintenance import gate, lane_registry
-from durable_agent.maintenance.alarm import Checkpoint
-from durable_agent.maintenance.due_queue import DueQueue, Lane
 from durable_agent.maintenance.lane_ids import PUBLICATION
-from durable_agent.maintenance.transactions import run_alarm_transaction
-from durable_agent.maintenance.waves import (
-    Executor,
+from durable_agent.maintenance.lanes import lane_registry
+from durable_agent.maintenance.lanes.pool import Executor
+from durable_agent.maintenance.lanes.waves import (
     Observation,
     admissible,
     join,
     run_wave,
     validate_lanes,
 )
+from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import run_alarm_transaction
+from durable_agent.maintenance.types import Checkpoint, Lane
 from durable_agent.models import Host, MaintenanceState
 
 

@@ -16,15 +16,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import clock
-from durable_agent.maintenance import backoff, failpoints, gate, work_cursors
-from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance import backoff, failpoints, work_cursors
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
-from durable_agent.maintenance.recovery_events import (  # re-exported from its old home
-    deliver_recovery_events as deliver_recovery_events,
-)
-from durable_agent.maintenance.transactions import run_alarm_transaction
+from durable_agent.maintenance.lanes.pool import RecoveryTimeout, bounded_call
+from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import run_alarm_transaction
 from durable_agent.maintenance.types import EPOCH, Checkpoint
-from durable_agent.maintenance.waves import RecoveryTimeout, bounded_call
 from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem

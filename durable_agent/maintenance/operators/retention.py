@@ -27,7 +27,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django_q.models import Task
 
 from durable_agent import clock, conf
-from durable_agent.maintenance.selectors import SUCCEEDED
+from durable_agent.maintenance.store.selectors import SUCCEEDED
 from durable_agent.models import AlarmAudit, MutationTicket, PassRecord, RecoveryEvent
 
 logger = logging.getLogger("durable_agent.retention")

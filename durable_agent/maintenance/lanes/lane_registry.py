@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance import registry
@@ -24,13 +24,8 @@ from durable_agent.maintenance.lane_ids import (
     RECOVERY_EVENTS,
     validate_host_lane_id,
 )
-from durable_agent.maintenance.recovery_events import deliver_recovery_events
-from durable_agent.maintenance.types import (  # re-exported for durable_agent.lanes, waves, passes
-    LaneContext as LaneContext,
-)
-
-if TYPE_CHECKING:
-    pass
+from durable_agent.maintenance.lanes.recovery_events import deliver_recovery_events
+from durable_agent.maintenance.types import LaneContext
 
 Phase = Literal["concurrent", "after-native"]
 PHASES: tuple[Phase, ...] = ("concurrent", "after-native")

@@ -15,12 +15,8 @@ from django.db import IntegrityError, transaction
 from durable_agent.errors import RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
-from durable_agent.maintenance.rows import load_lanes, update_where
-from durable_agent.maintenance.types import (  # EPOCH and Lane re-exported for passes, waves
-    EPOCH as EPOCH,
-)
-from durable_agent.maintenance.types import Lane as Lane
-from durable_agent.maintenance.types import validate_cursor, validate_deadline
+from durable_agent.maintenance.store.rows import load_lanes, update_where
+from durable_agent.maintenance.types import EPOCH, Lane, validate_cursor, validate_deadline
 from durable_agent.models import DueLane, Host, LaneState
 
 

@@ -7,7 +7,7 @@ with no lane deadline) need no alarm. The audit also reports overdue slots (the 
 not firing), failing hosts (the last ``FAILING_AFTER_PASSES`` passes failed), parked lanes,
 expired mutation tickets, stale pass leases, and binding retries recorded under a binding
 registry the runtime no longer has. The states are those of the shared read model
-(:mod:`durable_agent.maintenance.selectors`).
+(:mod:`durable_agent.maintenance.store.selectors`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
 
 from durable_agent import clock, conf
-from durable_agent.maintenance import selectors
-from durable_agent.maintenance.alarm import rearm, slot_deadline
-from durable_agent.maintenance.passes import ensure_alarm
-from durable_agent.maintenance.selectors import OVERDUE_AFTER
+from durable_agent.maintenance.passes.ensure import ensure_alarm
+from durable_agent.maintenance.store import selectors
+from durable_agent.maintenance.store.alarm import rearm
+from durable_agent.maintenance.store.selectors import OVERDUE_AFTER
+from durable_agent.maintenance.store.slot import slot_deadline
 from durable_agent.models import (
     BindingRetry,
     DueLane,

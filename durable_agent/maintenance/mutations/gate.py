@@ -38,11 +38,12 @@ from django.db import transaction as db_transaction
 
 from durable_agent import clock, conf, observability
 from durable_agent.errors import AlarmError, GateMisuse, InvalidInput
-from durable_agent.maintenance import commit_function, failpoints, registry
-from durable_agent.maintenance.alarm import clear_retry
-from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance import failpoints, registry
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
-from durable_agent.maintenance.transactions import (
+from durable_agent.maintenance.mutations import commit_function
+from durable_agent.maintenance.store.alarm import clear_retry
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import (
     resolve_host_id,
     run_alarm_transaction,
     user_atomic_depth,

@@ -2,7 +2,7 @@
 
 ``settle_alarm`` is the finish decision inside an alarm transaction (re-arm at the earliest
 lane, or clear; docs/pass.md, step 4), shared by ``finish`` (the general path) and the short
-paths of ``durable_agent/maintenance/short_paths.py``. ``rearm_failure`` durably schedules
+paths of ``durable_agent/maintenance/passes/short_paths.py``. ``rearm_failure`` durably schedules
 bounded recovery after a failed pass (docs/pass.md, failures).
 """
 
@@ -12,13 +12,15 @@ from datetime import datetime, timedelta
 
 from durable_agent import clock, conf
 from durable_agent.errors import AlarmError
-from durable_agent.maintenance import backoff, failpoints, lease
-from durable_agent.maintenance.alarm import Checkpoint, retry_deadline
-from durable_agent.maintenance.due_queue import DueQueue
+from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.native import NativeResult
-from durable_agent.maintenance.transactions import run_alarm_transaction
-from durable_agent.maintenance.waves import Observation
+from durable_agent.maintenance.lanes.native.state import NativeResult
+from durable_agent.maintenance.lanes.waves import Observation
+from durable_agent.maintenance.passes import lease
+from durable_agent.maintenance.store.alarm import retry_deadline
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import run_alarm_transaction
+from durable_agent.maintenance.types import Checkpoint
 from durable_agent.models import Host, MaintenanceState, MutationTicket
 
 

@@ -34,7 +34,7 @@ from durable_agent import clock, conf
 from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound, RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.transactions import _safe_message
+from durable_agent.maintenance.store.transactions import _safe_message
 from durable_agent.maintenance.types import EPOCH, ProgressOp, ScheduleOp
 from durable_agent.models import MaintenanceState
 

@@ -14,30 +14,11 @@ from typing import Any
 
 from durable_agent import clock, conf, signals
 from durable_agent.errors import HostNotFound, InvalidInput, RearmRefused
-from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.slot import (  # re-exported for the modules that import them here
-    apply_checkpoint as apply_checkpoint,
-)
-from durable_agent.maintenance.slot import (
-    slot_deadline as slot_deadline,
-)
-from durable_agent.maintenance.transactions import resolve_host_id, run_alarm_transaction
-from durable_agent.maintenance.types import (  # re-exported for the modules that import them here
-    AT as AT,
-)
-from durable_agent.maintenance.types import (
-    CANCEL as CANCEL,
-)
-from durable_agent.maintenance.types import (
-    EARLIER as EARLIER,
-)
-from durable_agent.maintenance.types import (
-    Checkpoint as Checkpoint,
-)
-from durable_agent.maintenance.types import (
-    validate_deadline,
-)
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.slot import slot_deadline
+from durable_agent.maintenance.store.transactions import resolve_host_id, run_alarm_transaction
+from durable_agent.maintenance.types import Checkpoint, validate_deadline
 from durable_agent.models import AlarmAudit, Host, MaintenanceState
 from durable_agent.text import check_text, is_blank, validate_reason
 

@@ -20,29 +20,12 @@ from datetime import datetime, timedelta
 
 from durable_agent import clock, conf, observability
 from durable_agent.errors import HostNotFound, PassFailed
-from durable_agent.maintenance import failpoints, lease
-from durable_agent.maintenance.alarm import Checkpoint, retry_deadline
-from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
-from durable_agent.maintenance.ensure import (
-    ensure_alarm,
-    read_current_state,
-    register_framework_lanes,
-    report_parked,
-)
-from durable_agent.maintenance.finish import check_deadline, finish, rearm_failure, settle_alarm
+from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, RECOVERY_EVENTS
-from durable_agent.maintenance.native import NativeResult, NativeStep, Started
-from durable_agent.maintenance.pass_records import PassReport, record, recorded, write_record
-from durable_agent.maintenance.pass_waves import (
-    admit_waves,
-    after_native,
-    publication_barrier,
-    refill_waves,
-)
-from durable_agent.maintenance.short_paths import NOTHING, Begun, one_wave, short_path
-from durable_agent.maintenance.transactions import resolve_host_id, run_alarm_transaction
-from durable_agent.maintenance.waves import (
-    Executor,
+from durable_agent.maintenance.lanes.native.state import NativeResult, Started
+from durable_agent.maintenance.lanes.native.step import NativeStep
+from durable_agent.maintenance.lanes.pool import Executor
+from durable_agent.maintenance.lanes.waves import (
     Observation,
     arm_within_lease,
     charge_in,
@@ -50,6 +33,30 @@ from durable_agent.maintenance.waves import (
     observe_claim,
     validate_lanes,
 )
+from durable_agent.maintenance.passes import lease
+from durable_agent.maintenance.passes.ensure import (
+    read_current_state,
+    register_framework_lanes,
+    report_parked,
+)
+from durable_agent.maintenance.passes.finish import (
+    check_deadline,
+    finish,
+    rearm_failure,
+    settle_alarm,
+)
+from durable_agent.maintenance.passes.pass_records import PassReport, record, recorded, write_record
+from durable_agent.maintenance.passes.pass_waves import (
+    admit_waves,
+    after_native,
+    publication_barrier,
+    refill_waves,
+)
+from durable_agent.maintenance.passes.short_paths import Begun, one_wave, short_path
+from durable_agent.maintenance.store.alarm import retry_deadline
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import resolve_host_id, run_alarm_transaction
+from durable_agent.maintenance.types import EPOCH, Checkpoint, Lane
 from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
 from durable_agent.runtime import Runtime, get_runtime
 
@@ -324,16 +331,3 @@ def _begin(
     if begun.wave is not None:
         observe_claim(observed, begun.wave[1])
     return begun
-
-
-__all__ = [
-    "NOTHING",
-    "Begun",
-    "PassReport",
-    "combined",
-    "ensure_alarm",
-    "read_current_state",
-    "rearm_failure",
-    "report_parked",
-    "run_pass",
-]

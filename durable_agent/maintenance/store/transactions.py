@@ -32,10 +32,10 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from durable_agent import clock, conf
 from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound
-from durable_agent.maintenance.due_queue import DueQueue
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.rows import lock_state_row, update_where
-from durable_agent.maintenance.slot import apply_checkpoint, slot_deadline
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.rows import lock_state_row, update_where
+from durable_agent.maintenance.store.slot import apply_checkpoint, slot_deadline
 from durable_agent.maintenance.types import Checkpoint
 from durable_agent.models import Host, MaintenanceState
 from durable_agent.text import unstorable

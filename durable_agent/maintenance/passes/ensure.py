@@ -3,7 +3,7 @@
 ``ensure_alarm`` applies a binding registry change (``read_current_state``), registers the
 framework lanes and arms the slot, without scanning the ledger; ``report_parked`` logs (and
 signals) each newly parked lane once. The pass does the same first steps in its own begin
-transaction (``durable_agent/maintenance/passes.py``).
+transaction (``durable_agent/maintenance/passes/run.py``).
 """
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ import logging
 from datetime import datetime
 
 from durable_agent import clock, observability, signals
-from durable_agent.maintenance import backoff, failpoints, lane_registry
-from durable_agent.maintenance.alarm import Checkpoint, clear_retry, computed_deadline
-from durable_agent.maintenance.due_queue import EPOCH, DueQueue, Lane
+from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import (
     FRAMEWORK_LANES,
     NATIVE,
     RECOVERY_EVENTS,
     public_lane_name,
 )
-from durable_agent.maintenance.transactions import resolve_host_id, run_alarm_transaction
+from durable_agent.maintenance.lanes import lane_registry
+from durable_agent.maintenance.store.alarm import clear_retry, computed_deadline
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import resolve_host_id, run_alarm_transaction
+from durable_agent.maintenance.types import EPOCH, Checkpoint, Lane
 from durable_agent.models import BindingRetry, DueLane, Host, MaintenanceState
 from durable_agent.runtime import Runtime, get_runtime
 

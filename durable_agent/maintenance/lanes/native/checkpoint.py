@@ -1,0 +1,124 @@
+"""The native step's checkpoint: acknowledge what the pass observed, or back off.
+
+Note [Acknowledge only the observed generation]
+    A pass records the generation it observed when it began. Its checkpoint acknowledges
+    (``processed := generation``) only that one, and only when nothing autonomous remains and
+    no mutation overlapped it. A producer that committed during the pass advanced ``dirty``
+    past the observed generation, so the host stays dirty and its alarm armed.
+
+Note [Followers behind a stable wait]
+    A ``ready`` submission queued behind a head that waits on an external mutation (approval,
+    a held unknown resolution, a parked binding) cannot run before its head: it is dormant
+    too, so a suspended thread keeps no alarm however much input is queued behind it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from durable_agent import clock, conf
+from durable_agent.maintenance import backoff, failpoints
+from durable_agent.maintenance.lanes.native.observe import observe, skipped
+from durable_agent.maintenance.lanes.native.state import NativeResult, NativeState
+from durable_agent.maintenance.store.alarm import clear_retry
+from durable_agent.maintenance.store.due_queue import DueQueue
+from durable_agent.maintenance.store.transactions import run_alarm_transaction
+from durable_agent.maintenance.types import Checkpoint
+from durable_agent.models import BindingRetry, MaintenanceState, MutationTicket
+from durable_agent.runtime import WorkItem
+
+
+def checkpoint(step: NativeState) -> NativeResult:
+    """Acknowledge what was observed, or back off; never writes the slot itself."""
+    view = observe(step)
+    recovery, started = step.recovery, step.started
+    remaining = view.current
+    reports = recovery.reports
+    first_seen: dict[str, bool] = {}
+
+    def is_autonomous(item: WorkItem) -> bool:
+        if skipped(item, view.waiting):
+            return False  # Note [An unknown head does not hold up its thread]
+        waits = view.waiting(item)
+        head_waiting = first_seen.get(item.thread)
+        if head_waiting is None:
+            first_seen[item.thread] = waits
+        if head_waiting is True and item.state == "ready":
+            return False  # Note [Followers behind a stable wait]
+        return not waits
+
+    autonomous = (
+        bool(recovery.pending)
+        or recovery.discovery_pending
+        or bool(recovery.faults)
+        or recovery.retry_at is not None
+        or any([is_autonomous(item) for item in remaining])
+    )
+    del reports
+    progressed = step.progressed or recovery.repaired
+    now = clock.now()
+    jitter = clock.random()
+    if autonomous:
+        ordinary = (
+            conf.backoff_base_ms()
+            if progressed
+            else backoff.backoff_delay_ms(started.stalls, jitter)
+        )
+    else:
+        ordinary = 0
+    waiting_threads = {w.thread for w in view.waits}
+    next_eligible = [f.retry_at for f in recovery.faults.values()]
+    next_eligible += [now for t in view.eligible if t not in waiting_threads]
+    if recovery.retry_at is not None:
+        next_eligible.append(recovery.retry_at)
+    retry_ms = (
+        max(0, int((min(next_eligible) - now) / timedelta(milliseconds=1))) if next_eligible else 0
+    )
+    delay = timedelta(milliseconds=max(ordinary, retry_ms))
+    remaining_ids = {item.submission for item in remaining}
+
+    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
+        active = _live_tickets(state.host_id, now)
+        overlap = started.active_at_start > 0 or active > 0
+        generation = (
+            view.scanned_generation
+            if not remaining
+            and not view.owners
+            and not overlap
+            and state.dirty == view.scanned_generation
+            else started.generation
+        )
+        if not (autonomous or overlap):
+            state.processed = max(state.processed, generation)
+        can_backoff = not overlap and state.dirty == started.generation
+        clear_retry(state)
+        state.nonterminal = len(remaining)
+        BindingRetry.objects.filter(host_id=state.host_id).exclude(
+            submission__in=remaining_ids
+        ).delete()
+        if autonomous and not progressed and can_backoff:
+            state.retry_generation = started.generation
+            state.retry_not_before = now + delay
+            state.retry_native_only = True
+            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, started.stalls + 1)
+        if autonomous:
+            due: datetime | None = now + (delay if can_backoff else _min_delay())
+        elif overlap or state.dirty > state.processed:
+            due = now + _min_delay()
+        else:
+            due = None
+        queue.checkpoint_native(due)
+        return due
+
+    failpoints.hit("maintenance:checkpoint:before")
+    next_at = run_alarm_transaction(step.host, "checkpoint maintenance generation", fn)
+    failpoints.hit("maintenance:checkpoint:after")
+    return NativeResult("actionable", len(remaining), next_at, step.settled)
+
+
+def _min_delay() -> timedelta:
+    return conf.minimum_alarm_delay()
+
+
+def _live_tickets(host_id: int, now: datetime) -> int:
+    return MutationTicket.objects.filter(host_id=host_id).live(now=now).count()
