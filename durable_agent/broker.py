@@ -39,6 +39,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
@@ -269,16 +271,11 @@ class AlarmFiring:
                 return self.fire_ahead(first, now)
             stuck = first == self._last_fired  # the last firing left this very slot armed
             self.due_at = None
-            self._fired = []
-            self._kept = 0
-            self._firing = True
-            try:
+            with self._firing_round():
                 if self.fire_alarm_batch() >= self.fire_batch_size():
                     self.due_at = first  # still due (or fired): fire again without a probe
                     return True
                 scheduler(broker=self)
-            finally:
-                self._firing = False
             self._last_fired = first
             if not stuck:  # while slots keep coming due, look again at once
                 self._next_probe = 0.0
@@ -286,6 +283,17 @@ class AlarmFiring:
             logger.exception("Firing due alarm slots failed")
             return False
         return True
+
+    @contextmanager
+    def _firing_round(self) -> Iterator[None]:
+        """One firing: the tasks it enqueues are collected for this cluster (``_keep_fired``)."""
+        self._fired = []
+        self._kept = 0
+        self._firing = True
+        try:
+            yield
+        finally:
+            self._firing = False
 
     def fire_ahead(self, first: datetime, now: datetime) -> bool:
         """Fire the alarm slots due within ``FIRE_AHEAD_MS`` of ``now`` when the earliest known
@@ -295,13 +303,8 @@ class AlarmFiring:
         if not lead or first >= now + lead or first == self._fired_ahead:
             return False
         self._fired_ahead = first
-        self._fired = []
-        self._kept = 0
-        self._firing = True
-        try:
+        with self._firing_round():
             fired = self.fire_alarm_batch(due_before=now + lead)
-        finally:
-            self._firing = False
         if not fired:  # not an alarm slot, or held elsewhere: fired at its deadline instead
             return False
         if fired >= self.fire_batch_size():
