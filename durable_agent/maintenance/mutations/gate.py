@@ -37,13 +37,14 @@ from django.db import DatabaseError
 from django.db import transaction as db_transaction
 
 from durable_agent import clock, conf, observability
-from durable_agent.errors import AlarmError, GateMisuse, InvalidInput
+from durable_agent.errors import GateMisuse, InvalidInput
 from durable_agent.maintenance import failpoints, registry
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
 from durable_agent.maintenance.mutations import commit_function
 from durable_agent.maintenance.store.alarm import clear_retry
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.transactions import (
+    commit_failed,
     resolve_host_id,
     run_alarm_transaction,
     user_atomic_depth,
@@ -257,10 +258,7 @@ def _transaction(host: HostRef) -> Iterator[SourceTransaction]:
             committing = parent is None
     except DatabaseError as exc:
         if committing:
-            raise AlarmError(
-                "commit maintenance checkpoint",
-                "Source facts and maintenance checkpoint could not commit",
-            ) from exc
+            raise commit_failed() from exc
         raise
     if parent is not None:
         parent.ops.extend(frame.ops)

@@ -152,6 +152,13 @@ def _entered(context: AlarmContext) -> Iterator[AlarmContext]:
         stack.pop()
 
 
+def commit_failed() -> AlarmError:
+    """The error of a transaction whose commit failed: source facts and checkpoint together."""
+    return AlarmError(
+        "commit maintenance checkpoint", "Source facts and maintenance checkpoint could not commit"
+    )
+
+
 def run_alarm_transaction(
     host: Host | str | int, operation: str, fn: AlarmFn[T], *, join: bool = False
 ) -> T:
@@ -192,10 +199,7 @@ def run_alarm_transaction(
         raise
     except DatabaseError as exc:
         if committing:
-            raise AlarmError(
-                "commit maintenance checkpoint",
-                "Source facts and maintenance checkpoint could not commit",
-            ) from exc
+            raise commit_failed() from exc
         raise AlarmError(operation, _safe_message(exc)) from exc
     except Exception as exc:
         raise AlarmError(operation, _safe_message(exc)) from exc
