@@ -118,9 +118,7 @@ def main() -> None:
             if cluster.poll() is not None:
                 raise SystemExit(log.read_text())
             time.sleep(0.1)
-        hosts = [
-            Host.objects.get_or_create(key=f"connections-{i}")[0] for i in range(args.hosts)
-        ]
+        hosts = [Host.objects.get_or_create(key=f"connections-{i}")[0] for i in range(args.hosts)]
         first = Submission.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
         for n in range(args.submissions):
             durable_agent.submit(

@@ -8,6 +8,7 @@ from durable_agent.text import duration
 
 __all__ = ["duration", "duration_between", "timestamp"]
 
+
 def duration_between(later: datetime, earlier: datetime) -> str:
     return duration((later - earlier) / timedelta(milliseconds=1))
 
