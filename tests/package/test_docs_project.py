@@ -190,16 +190,18 @@ django.setup()
 from django.test import Client
 from django.test.utils import setup_test_environment
 setup_test_environment()
-client = Client()
+client = Client(raise_request_exception=False)  # a 500 shows as its status
 admin = client.get("/admin/")
 docs = client.get("/api/durable-agent/docs")
 missing = client.get("/api/durable-agent/no-such-route")
 health = client.get("/ht/", HTTP_ACCEPT="application/json")
+page = client.get("/ht/")  # the HTML page needs the health_check app's templates
 print(json.dumps({
     "admin": [admin.status_code, admin.get("Location")],
     "docs": [docs.status_code, "/static/ninja/" in docs.content.decode()],
     "missing": [missing.status_code, missing["Content-Type"]],
     "health": [health.status_code, health.json() if health.status_code == 200 else None],
+    "health_page": page.status_code,
 }))
 """
 
@@ -227,6 +229,7 @@ def build_project(document: str, venv: Path, where: Path, database: str) -> Path
         "docs": [200, True],  # the Swagger page's assets come from "ninja"'s static files
         "missing": [404, "application/json"],  # the JSON 404 under the mount
         "health": [200, {"Database(alias='default')": "OK", "Fleet()": "OK"}],
+        "health_page": 200,
     }
     return project
 
