@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import durable_agent
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -120,8 +122,6 @@ def _names_code(path: str) -> bool:
     """Whether ``durable_agent.<name>...`` names code: ``<name>`` is a module of the package
     or one of its attributes (not a check id like ``durable_agent.E002``, a permission like
     ``durable_agent.view_host`` or a span name like ``durable_agent.pass``)."""
-    import durable_agent
-
     name = path.split(".")[1]
     package = ROOT / "durable_agent"
     return (
