@@ -58,6 +58,7 @@ from django_q.tasks import async_task
 from durable_agent import conf
 from durable_agent import tasks as alarm_tasks
 from durable_agent.alarm_listener import AlarmListener, Wake
+from durable_agent.text import duration
 
 logger = logging.getLogger("durable_agent.broker")
 
@@ -164,6 +165,8 @@ class AlarmFiring:
         self._firing = False
         self._kept = 0
         self._batch: list[Any] | None = None  # tasks held back during fire_alarm_batch
+        self._enqueue_label: str | None = None  # Note [What a firing's enqueue returns]
+        self._stop_wait: tuple[float, int] | None = None  # Note [A stopping cluster waits]
         self.listener: AlarmListener | None = None
         self._listener_checked = False
 
@@ -194,6 +197,45 @@ class AlarmFiring:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return bool(super().ping())  # type: ignore[misc]
 
+    def set_stat(self, key: str, value: str, timeout: int) -> None:
+        """django-q's sentinel saves its status through its broker every guard cycle and every
+        0.1 s while it stops; see Note [A stopping cluster waits]."""
+        self.log_stop_wait(_sentinel_on_stack())
+        super().set_stat(key, value, timeout)  # type: ignore[misc]
+
+    def log_stop_wait(self, sentinel: Any) -> None:
+        """Log once that a stopping cluster waits for running tasks, and once how long it did.
+
+        Note [A stopping cluster waits]
+            A stopping django-q2 cluster stops its pusher, then waits for each worker to finish
+            the task it runs (a maintenance pass ends by its yield deadline or the cluster's
+            ``timeout``), silently. The sentinel saves its status through this broker every
+            0.1 s meanwhile, so here, in the sentinel, the first save of a stopping cluster
+            with busy workers logs how many and the longest they may take (a busy worker's
+            ``timer``: the seconds left before its task's timeout, plus django-q's 3 s), and
+            the first save after they are done logs how long the cluster waited.
+        """
+        if sentinel is None or not sentinel.stop_event.is_set():
+            return
+        busy = [p for p in sentinel.pool if p.is_alive() and p.timer.value > 0]
+        if self._stop_wait is None:
+            if busy:
+                self._stop_wait = (time.monotonic(), len(busy))
+                logger.info(
+                    "Q Cluster stopping: waiting for %s to finish the running task "
+                    "(a maintenance pass), at most %s",
+                    "1 busy worker" if len(busy) == 1 else f"{len(busy)} busy workers",
+                    duration(max(p.timer.value for p in busy) * 1000),
+                )
+        elif not busy and self._stop_wait[1]:
+            started, count = self._stop_wait
+            self._stop_wait = (started, 0)
+            logger.info(
+                "Q Cluster stopping: the running %s finished after %s",
+                "task" if count == 1 else "tasks",
+                duration((time.monotonic() - started) * 1000),
+            )
+
     # -- the loop ----------------------------------------------------------------------------
 
     def dequeue(self) -> Any:
@@ -210,6 +252,19 @@ class AlarmFiring:
 
     def ready_tasks(self) -> Any:
         raise NotImplementedError
+
+    def queued_label(self) -> str:
+        """What ``enqueue`` returns for a task whose row or push waits for the firing's commit.
+
+        Note [What a firing's enqueue returns]
+            django-q's ``async_task`` logs ``Enqueued [<queue>] <what enqueue returned>`` for
+            every task, the broker's id of the task (an ``OrmQ`` primary key). A task a firing
+            enqueues has no such id yet: its row is inserted with its batch (``flush_batch``)
+            or it is pushed when the firing commits. Rather than ``None``, the line names the
+            alarm slot that fired (``durable_agent:host:<id> (alarm slot)``), or says when the
+            task goes out.
+        """
+        return self._enqueue_label or "(queued when the firing commits)"
 
     def _keep_fired(self) -> bool:
         """Whether the task being enqueued goes to this cluster's own workers: during a firing,
@@ -366,6 +421,7 @@ class AlarmFiring:
                     kwargs: dict[str, Any] = {"q_options": q_options}
                     if slot.intended_date_kwarg:
                         kwargs[slot.intended_date_kwarg] = slot.next_run.isoformat()
+                    self._enqueue_label = f"{slot.name or slot.id} (alarm slot)"
                     slot.task = async_task(slot.func, *args, **kwargs)
                     slot.repeats = 0
                 self.flush_batch(alias)
@@ -373,6 +429,7 @@ class AlarmFiring:
                     Schedule.objects.using(alias).bulk_update(slots, ["task", "repeats"])
         finally:
             self._batch = None
+            self._enqueue_label = None
         return len(slots)
 
     def flush_batch(self, alias: str) -> None:
@@ -416,7 +473,7 @@ class AlarmBroker(AlarmFiring, ORM):  # type: ignore[misc]
             return super().enqueue(task)
         if self._batch is not None:  # fire_alarm_batch inserts them together (flush_batch)
             self._batch.append(task)
-            return None
+            return self.queued_label()
         row = OrmQ.objects.using(Conf.ORM).create(
             key=self.list_key or Conf.CLUSTER_NAME, payload=task, lock=self.timeout(None)
         )
@@ -472,6 +529,18 @@ class AlarmBroker(AlarmFiring, ORM):  # type: ignore[misc]
 def _in_sentinel() -> bool:
     """Whether this is a child process of a qcluster (its sentinel, when ping() runs)."""
     return multiprocessing.parent_process() is not None
+
+
+def _sentinel_on_stack() -> Any:
+    """The django-q2 ``Sentinel`` whose status is being saved (Note [A stopping cluster
+    waits]), found on the stack as ``_worker_timer`` finds a worker's timer, or None."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if all(hasattr(candidate, a) for a in ("pool", "stop_event", "start_event", "pusher")):
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 def _worker_timer() -> Any:

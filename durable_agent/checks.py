@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.conf import settings
@@ -9,6 +10,19 @@ from django.core.checks import CheckMessage, Error, Warning, register
 from django.utils.module_loading import import_string
 
 from durable_agent import conf
+
+
+def _unknown_setting_hint(name: object, known: set[str]) -> str:
+    """Name the close match (``PASS_WORKER`` -> ``PASS_WORKERS``) rather than every setting."""
+    close = difflib.get_close_matches(str(name).upper(), sorted(known), n=1, cutoff=0.6)
+    if close:
+        return f"Did you mean {close[0]!r}? The settings are listed in docs/settings.md."
+    return "The settings are listed in docs/settings.md."
+
+
+def _hosts(count: int, singular: str, plural: str) -> str:
+    """``"1 host is"``, ``"3 hosts are"``."""
+    return f"1 host {singular}" if count == 1 else f"{count} hosts {plural}"
 
 
 @register()
@@ -28,7 +42,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Error(
                 f"DURABLE_AGENT has an unknown setting {name!r}.",
-                hint=f"Known settings: {', '.join(sorted(known))}.",
+                hint=_unknown_setting_hint(name, known),
                 id="durable_agent.E002",
             )
         )
@@ -321,7 +335,8 @@ def check_alarm_invariant(
         hosts = ", ".join(h.host for h in summary.violating[:10])
         messages.append(
             Error(
-                f"{len(summary.violating)} hosts violate the alarm invariant ({hosts}).",
+                f"{_hosts(len(summary.violating), 'violates', 'violate')} the alarm invariant "
+                f"({hosts}).",
                 hint="Run manage.py maintenance_audit for details, --repair to re-arm them.",
                 id="durable_agent.E010",
             )
@@ -331,8 +346,8 @@ def check_alarm_invariant(
         # A warning, not an error: the deploy being checked may be the one that fixes them.
         messages.append(
             Warning(
-                f"{len(summary.failing)} hosts are failing: their last passes all failed "
-                f"({hosts}).",
+                f"{_hosts(len(summary.failing), 'is', 'are')} failing: their last passes all "
+                f"failed ({hosts}).",
                 hint="Run manage.py maintenance_audit for the errors; see docs/operations.md.",
                 id="durable_agent.W011",
             )

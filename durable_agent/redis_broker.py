@@ -48,7 +48,7 @@ class AlarmRedisBroker(AlarmFiring, Redis):  # type: ignore[misc]
             self._on_commit(lambda: self._fired.append((None, task)))
         else:
             self._on_commit(lambda: Redis.enqueue(self, task))
-        return None
+        return self.queued_label()  # Note [What a firing's enqueue returns]
 
     def claim_fired(self) -> Any:
         fired, self._fired = self._fired, []

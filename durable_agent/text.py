@@ -1,4 +1,4 @@
-"""Text the database can store, and what "blank" means.
+"""Text the database can store, what "blank" means, and how a message spells a duration.
 
 Note [Storable text]
     PostgreSQL's ``text`` and ``jsonb`` cannot hold a NUL character, and no UTF-8 encoding
@@ -81,3 +81,28 @@ def validate_reason(reason: object, *, required: bool = False) -> str:
     if len(reason) > MAX_REASON_LENGTH:
         raise InvalidInput(f"A reason has at most {MAX_REASON_LENGTH} characters")
     return reason
+
+
+_UNITS = (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1_000))
+
+
+def duration(ms: float | int | None) -> str:
+    """A compact duration: ``"350 ms"``, ``"4.2 s"``, ``"3 min 5 s"``, ``"2 h 5 min"``."""
+    if ms is None:
+        return "-"
+    sign = "-" if ms < 0 else ""
+    value = abs(float(ms))
+    if value < 1_000:
+        return f"{sign}{value:.0f} ms"
+    if value < 10_000:
+        return f"{sign}{value / 1_000:.1f} s"
+    parts: list[str] = []
+    rest = int(value)
+    for unit, size in _UNITS:
+        count, rest = divmod(rest, size)
+        if count or parts:
+            parts.append(f"{count} {unit}")
+        if len(parts) == 2:
+            break
+    parts = [part for part in parts if not part.startswith("0 ")] or parts[:1]
+    return sign + " ".join(parts)

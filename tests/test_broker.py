@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.conf import settings
@@ -176,6 +180,83 @@ def test_dequeue__hands_over_the_fired_task_in_the_same_call(db: None) -> None:
     assert tasks == [(row.pk, row.payload)]
     assert row.lock > timezone.now()  # inserted claimed: no other pusher can take it
     assert broker.ready_tasks() == []
+
+
+def test_dequeue__django_q_logs_the_fired_alarm_slot_not_none(
+    db: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """django-q logs ``Enqueued [<queue>] <id>`` per task; a batch's task names its slot."""
+    host = Host.objects.create(key="named")
+    caught_up(host)
+    gate.schedule(host, LIFECYCLE, timezone.now())
+    Schedule.objects.update(next_run=timezone.now() - timedelta(seconds=1))
+    broker = AlarmBroker()
+    broker.listen = False
+    broker._next_sweep = float("inf")
+    q_logger = logging.getLogger("django-q")
+    q_logger.addHandler(caplog.handler)  # django-q's logger does not propagate
+    try:
+        with caplog.at_level(logging.INFO, logger="django-q"):
+            assert len(broker.dequeue()) == 1
+    finally:
+        q_logger.removeHandler(caplog.handler)
+    enqueued = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Enqueued")]
+    assert enqueued == [f"Enqueued [{broker.list_key}] durable_agent:host:{host.pk} (alarm slot)"]
+    assert broker.queued_label() == "(queued when the firing commits)"  # reset after the batch
+
+
+class _Worker:
+    def __init__(self, timer: float) -> None:
+        self.timer = mock.Mock(value=timer)
+
+    def is_alive(self) -> bool:
+        return True
+
+
+class _Sentinel:
+    """What django-q2's Sentinel shows its broker: its pool, its events, its pusher."""
+
+    def __init__(self, *timers: float) -> None:
+        self.pool = [_Worker(t) for t in timers]
+        self.stop_event = threading.Event()
+        self.start_event = threading.Event()
+        self.start_event.set()
+        self.pusher = None
+
+    def save_stat(self, broker: AlarmBroker) -> None:
+        broker.set_stat("stat", "value", 3)  # as Stat(self).save() does, from the sentinel
+
+
+def test_stop__a_stopping_cluster_logs_its_wait_for_running_tasks_and_how_long(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broker = AlarmBroker()
+    sentinel = _Sentinel(-1, 45.5)
+    with caplog.at_level(logging.INFO, logger="durable_agent.broker"):
+        sentinel.save_stat(broker)  # running, not stopping: nothing
+        assert caplog.records == []
+        sentinel.stop_event.set()
+        sentinel.save_stat(broker)
+        sentinel.save_stat(broker)  # logged once
+        sentinel.pool[1].timer.value = -1  # the pass returned
+        sentinel.save_stat(broker)
+        sentinel.save_stat(broker)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert messages[0] == (
+        "Q Cluster stopping: waiting for 1 busy worker to finish the running task "
+        "(a maintenance pass), at most 45 s"
+    )
+    assert re.fullmatch(r"Q Cluster stopping: the running task finished after \d+ ms", messages[1])
+
+
+def test_stop__an_idle_stopping_cluster_logs_no_wait(caplog: pytest.LogCaptureFixture) -> None:
+    broker = AlarmBroker()
+    sentinel = _Sentinel(-1, -1)
+    sentinel.stop_event.set()
+    with caplog.at_level(logging.INFO, logger="durable_agent.broker"):
+        sentinel.save_stat(broker)
+    assert caplog.records == []
 
 
 def test_dequeue__a_burst_fires_bulk_slots_per_dequeue_and_leaves_the_rest_armed(

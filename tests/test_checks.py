@@ -247,3 +247,46 @@ def test_check_project__no_persistent_connections_with_the_fast_path(
     assert project_ids(DATABASES={"default": database}) == ["durable_agent.W023"]
     stock = conf.recommended_q_cluster(broker_class=None)
     assert "durable_agent.W023" not in project_ids(DATABASES={"default": database}, Q_CLUSTER=stock)
+
+
+def test_checks__an_unknown_setting_names_its_close_match() -> None:
+    with override_settings(DURABLE_AGENT={"PASS_WORKER": 1, "pass_workers": 2}, Q_CLUSTER=Q_OK):
+        hints = {m.msg: m.hint for m in check_settings() if m.id == "durable_agent.E002"}
+    assert hints == {
+        "DURABLE_AGENT has an unknown setting 'PASS_WORKER'.": (
+            "Did you mean 'PASS_WORKERS'? The settings are listed in docs/settings.md."
+        ),
+        "DURABLE_AGENT has an unknown setting 'pass_workers'.": (
+            "Did you mean 'PASS_WORKERS'? The settings are listed in docs/settings.md."
+        ),
+    }
+
+
+def test_checks__an_unknown_setting_like_none_lists_none() -> None:
+    with override_settings(DURABLE_AGENT={"NOPE": 1}, Q_CLUSTER=Q_OK):
+        (error,) = check_settings()
+    assert error.hint == "The settings are listed in docs/settings.md."
+
+
+@pytest.mark.parametrize(
+    ("failing", "violating", "expected"),
+    [
+        (1, 0, ["1 host is failing: their last passes all failed (h0 (boom))."]),
+        (2, 0, ["2 hosts are failing: their last passes all failed (h0 (boom), h1 (boom))."]),
+        (0, 1, ["1 host violates the alarm invariant (v0)."]),
+        (0, 3, ["3 hosts violate the alarm invariant (v0, v1, v2)."]),
+    ],
+)
+def test_deploy_check__counts_hosts_in_the_right_number(
+    failing: int, violating: int, expected: list[str]
+) -> None:
+    from durable_agent.checks import check_alarm_invariant
+    from durable_agent.maintenance.operators import audit
+
+    summary = mock.Mock(
+        failing=[mock.Mock(host=f"h{i}", last_error="boom") for i in range(failing)],
+        violating=[mock.Mock(host=f"v{i}") for i in range(violating)],
+    )
+    with mock.patch.object(audit, "audit_all", return_value=summary):
+        messages = check_alarm_invariant(databases=["default"])
+    assert [m.msg for m in messages] == expected

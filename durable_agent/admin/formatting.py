@@ -4,29 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-_UNITS = (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1_000))
+from durable_agent.text import duration
 
-
-def duration(ms: float | int | None) -> str:
-    """A compact duration: ``"350 ms"``, ``"4.2 s"``, ``"3 min 5 s"``, ``"2 h 5 min"``."""
-    if ms is None:
-        return "-"
-    sign = "-" if ms < 0 else ""
-    value = abs(float(ms))
-    if value < 1_000:
-        return f"{sign}{value:.0f} ms"
-    if value < 10_000:
-        return f"{sign}{value / 1_000:.1f} s"
-    parts: list[str] = []
-    rest = int(value)
-    for unit, size in _UNITS:
-        count, rest = divmod(rest, size)
-        if count or parts:
-            parts.append(f"{count} {unit}")
-        if len(parts) == 2:
-            break
-    parts = [part for part in parts if not part.startswith("0 ")] or parts[:1]
-    return sign + " ".join(parts)
+__all__ = ["duration", "duration_between", "timestamp"]
 
 
 def duration_between(later: datetime, earlier: datetime) -> str:

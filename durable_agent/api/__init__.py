@@ -18,7 +18,7 @@ Every endpoint needs an API token (``Authorization: Bearer <secret>``, see
 is ``{code, message, detail}``, a wrong method (405) and an oversized body (413)
 included; ``docs/api.md`` lists the codes and their statuses.
 
-The API needs django-ninja, the ``api`` extra (``pip install "durable-agent[api]"``). Nothing
+The API needs django-ninja, the ``api`` extra (``pip install ".[api]"`` in a checkout). Nothing
 else does: this package imports ninja only when ``router`` or ``not_found`` is first read, so
 ``durable_agent.api.tokens`` and ``manage.py api_token`` work without it.
 """
@@ -44,7 +44,8 @@ def _require_ninja() -> None:
         if exc.name != "ninja":
             raise
         raise ModuleNotFoundError(
-            "durable_agent.api needs django-ninja: pip install 'durable-agent[api]'",
+            "durable_agent.api needs django-ninja, the 'api' extra: pip install '.[api]' in a "
+            "checkout of durable_agent, or its wheel with [api] (README.md, Install)",
             name="ninja",
         ) from exc
 

@@ -298,6 +298,7 @@ def test_pass__the_native_lane_parks_after_eight_claims_without_progress(
     assert alarm.scheduled(host) == row.due_at
     parked = [r for r in caplog.records if "parked after 8 attempts" in r.getMessage()]
     assert len(parked) == 1
+    assert parked[0].getMessage().endswith("; retrying after 1 h")
     run_pass(host)
     assert len([r for r in caplog.records if "parked after 8" in r.getMessage()]) == 1
 

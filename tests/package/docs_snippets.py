@@ -14,15 +14,55 @@ def blocks(path: Path, language: str = "python") -> list[str]:
     return [body for lang, body in FENCE.findall(text) if lang == language]
 
 
-def block(path: Path, *, starts: str = "", contains: str = "") -> str:
-    """The one python block of ``path`` that starts with ``starts`` and contains ``contains``."""
-    found = [b for b in blocks(path) if b.startswith(starts) and contains in b]
+def block(path: Path, *, starts: str = "", contains: str = "", language: str = "python") -> str:
+    """The one ``language`` block of ``path`` that starts with ``starts`` and contains
+    ``contains``."""
+    found = [b for b in blocks(path, language) if b.startswith(starts) and contains in b]
     if len(found) != 1:
         raise LookupError(
-            f"{path.name}: {len(found)} python blocks start with {starts!r} and contain "
+            f"{path.name}: {len(found)} {language} blocks start with {starts!r} and contain "
             f"{contains!r}; expected exactly one"
         )
     return found[0]
+
+
+def section_blocks(path: Path, heading: str) -> list[tuple[str, str]]:
+    """The fenced blocks (language, body) of the section under ``heading``, in order."""
+    text = path.read_text(encoding="utf-8")
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    return FENCE.findall(text[start : end if end != -1 else None])
+
+
+def readme_wheel_install() -> str:
+    """The README's command that installs the built wheel with extras, as written."""
+    install = block(ROOT / "README.md", contains="python -m build", language="sh")
+    (line,) = [
+        line for line in install.splitlines() if line.startswith("pip install") and ")[" in line
+    ]
+    return line.split("  #", 1)[0].strip()
+
+
+def readme_urls() -> str:
+    return block(ROOT / "README.md", starts="# urls.py")
+
+
+def readme_commands() -> str:
+    return block(ROOT / "README.md", starts="python manage.py migrate", language="sh")
+
+
+def first_agent_setup() -> list[tuple[str, str]]:
+    """Section 1 of docs/first-agent.md: its shell and settings blocks, in order."""
+    return section_blocks(ROOT / "docs" / "first-agent.md", "## 1. Install the app")
+
+
+def health_check_snippets() -> tuple[str, str]:
+    """docs/operations.md's django-health-check settings and urls blocks."""
+    operations = ROOT / "docs" / "operations.md"
+    return (
+        block(operations, starts="# settings.py", contains='"health_check"'),
+        block(operations, starts="# urls.py", contains="HealthCheckView"),
+    )
 
 
 def readme_settings() -> str:
@@ -30,7 +70,8 @@ def readme_settings() -> str:
 
 
 def first_agent_settings() -> str:
-    return block(ROOT / "docs" / "first-agent.md", starts="# settings.py")
+    (settings,) = [b for lang, b in first_agent_setup() if lang == "python"]
+    return settings
 
 
 def first_agent_files() -> dict[str, str]:

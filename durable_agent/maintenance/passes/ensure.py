@@ -26,6 +26,7 @@ from durable_agent.maintenance.store.transactions import resolve_host_id, run_al
 from durable_agent.maintenance.types import EPOCH, Checkpoint, Lane
 from durable_agent.models import BindingRetry, DueLane, Host, MaintenanceState
 from durable_agent.runtime import Runtime, get_runtime
+from durable_agent.text import duration
 
 logger = logging.getLogger("durable_agent.maintenance")
 log_extra = observability.log_extra
@@ -97,9 +98,9 @@ def report_parked(host_id: int) -> int:
         return 0
     for row in parked:
         logger.error(
-            "Maintenance lane parked after %d attempts without progress; retrying after %d ms",
+            "Maintenance lane parked after %d attempts without progress; retrying after %s",
             backoff.MAXIMUM_NO_PROGRESS_REARMS,
-            backoff.PARKED_RETRY_MS,
+            duration(backoff.PARKED_RETRY_MS),
             extra=log_extra(
                 host_id, lane=public_lane_name(row.lane), lane_id=row.lane, action="lane_parked"
             ),
