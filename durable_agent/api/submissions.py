@@ -210,7 +210,7 @@ def abort(
     when its attempt sees the intent. Settled submissions are 409. Audited with the caller and
     the optional ``reason``."""
     caller = require_repair(request)
-    reason = body_reason(request, body)
+    reason = body_reason(body)
     return _status_out(services.abort(submission_id, actor=caller.actor, reason=reason))
 
 

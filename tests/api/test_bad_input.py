@@ -234,8 +234,23 @@ OBJECT_BODIES = [
 ]
 
 
-@pytest.mark.parametrize("body", ["[]", '[{"reason": "x"}]', '"x"', "7", "true", "null"])
-@pytest.mark.parametrize("path", OBJECT_BODIES)
+REQUIRED_BODIES = [
+    "hosts/{key}/rearm",
+    "hosts/{key}/threads/t/submissions",
+    "submissions/{submission}/approve",
+    "submissions/{submission}/resolve",
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        *((path, body) for path in OBJECT_BODIES for body in ["[]", '[{"reason": "x"}]', '"x"']),
+        *((path, body) for path in OBJECT_BODIES for body in ["7", "true"]),
+        # an optional body may be null (the same as absent); a required one may not
+        *((path, "null") for path in REQUIRED_BODIES),
+    ],
+)
 def test_bad_input__a_body_that_is_not_an_object_is_422_and_runs_nothing(
     web: Client,
     host: Host,

@@ -68,8 +68,13 @@ def wsgi() -> Iterator[Any]:
 
 
 @pytest.fixture
-def seeded(clock: FakeClock, echo: Any) -> dict[str, list[Any]]:
-    """Objects for steered path parameters: a host with lanes, a retry, a fault, submissions."""
+def seeded(clock: FakeClock, echo: Any, settings: Any) -> dict[str, list[Any]]:
+    """Objects for steered path parameters: a host with lanes, a retry, a fault, submissions.
+
+    The refused-token limit is off: schemathesis's auth checks resend requests with bad
+    tokens, all from one address in one fake minute (tests/api/test_auth.py pins the limit).
+    """
+    settings.DURABLE_AGENT = {**settings.DURABLE_AGENT, "API_AUTH_FAILURES_PER_MINUTE": 0}
     host: Host = HostFactory(key="fuzz")
     DueLaneFactory(host=host, lane="outbox", state="parked", stalls=8, due_at=None)
     DueLaneFactory(host=host, lane="agent:native")
@@ -139,7 +144,7 @@ def test_fuzz__no_server_errors_and_every_response_matches_its_declaration(
             response = case.call(headers=credentials[auth])
             sent[case.operation.label] = sent.get(case.operation.label, 0) + 1
             statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-            case.validate_response(response, checks=CHECKS, headers=credentials[auth])
+            case.validate_response(response, headers=credentials[auth])
 
         exercise()
 
