@@ -70,9 +70,7 @@ def _cache_failed(exc: Exception) -> None:
 
 
 def _networks() -> tuple[IPv4Network | IPv6Network, ...]:
-    return tuple(
-        ip_network(str(entry), strict=False) for entry in conf.api_trusted_proxies()
-    )
+    return tuple(ip_network(str(entry), strict=False) for entry in conf.api_trusted_proxies())
 
 
 def _trusted(address: str, networks: tuple[IPv4Network | IPv6Network, ...]) -> bool:

@@ -313,9 +313,23 @@ class FailingHostOut(Schema):
     error: str = Field(description="The error of the latest failed pass.")
 
 
+class HealthCountsOut(Schema):
+    violating: int = Field(description="Hosts violating the alarm invariant.")
+    failing: int = Field(description="Failing hosts.")
+    overdue: int = Field(description="Overdue hosts.")
+    parked_hosts: int = Field(description="Hosts with at least one parked lane.")
+    parked_lanes: int = Field(description="Parked lanes, across hosts.")
+    stale_leases: int = Field(description="Hosts whose pass lease expired unreleased.")
+
+
 class HealthOut(Schema):
     ok: bool = Field(description="No host violates the alarm invariant and none is failing.")
     hosts: int
+    counts: HealthCountsOut = Field(description="The whole length of every list below.")
+    listed: int = Field(
+        description="The most hosts each list holds (the first ones by id), and the most lanes "
+        "per host in `parked`; `counts` says how many there are."
+    )
     violating: list[HostAuditOut]
     failing: list[FailingHostOut] = Field(
         description="Hosts whose last FAILING_AFTER_PASSES passes failed (busy ones not counted)."
