@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 from typing import Any
 
@@ -8,6 +9,7 @@ from ninja.testing import TestClient
 from pytest_django import DjangoAssertNumQueries
 
 from durable_agent.api.hosts import HEALTH_ERROR_CHARS, HEALTH_LISTED, encode_host_cursor
+from durable_agent.api.submissions import encode_cursor
 from durable_agent.maintenance import alarm
 from durable_agent.models import DueLane, Host, MaintenanceState, PassRecord
 from durable_agent.testing import FakeClock, ScriptedRuntime
@@ -24,6 +26,10 @@ from tests.factories import (
 )
 
 pytestmark = pytest.mark.django_db
+
+
+def b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 @pytest.fixture
@@ -133,6 +139,23 @@ def test_list_hosts__a_bad_cursor_is_422_invalid_cursor(
         client.get(f"/hosts?cursor={cursor}", headers=read_auth), 422, "invalid_cursor"
     )
     assert body["detail"] == {"cursor": cursor}
+
+
+def test_list_hosts__only_issued_cursors_are_accepted(
+    client: TestClient, read_auth: dict[str, str], fleet: dict[str, Host]
+) -> None:
+    first = client.get("/hosts?limit=1", headers=read_auth).json()
+    assert client.get(f"/hosts?cursor={first['next']}", headers=read_auth).status_code == 200
+    # hand-made: the old unsigned form, a zero-padded id, another endpoint's cursor
+    host_id = fleet["a-overdue"].pk
+    for made in (
+        "h1." + b64(str(host_id)),
+        "h1." + b64(f"{host_id:04d}"),
+        encode_cursor(host_id),
+        "h1." + b64(str(host_id)) + encode_cursor(host_id)[-44:],  # its signature, here
+    ):
+        response = client.get(f"/hosts?cursor={made}", headers=read_auth)
+        assert_error(response, 422, "invalid_cursor")
 
 
 @pytest.mark.parametrize("query", ["limit=0", "limit=501", "cursor=", "overdue=maybe"])
