@@ -29,6 +29,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from durable_agent.api.hosts import encode_host_cursor
+from durable_agent.api.submissions import encode_cursor
 from durable_agent.api.tokens import issue_token
 from durable_agent.models import Host
 from durable_agent.testing import FakeClock
@@ -87,6 +89,10 @@ def seeded(clock: FakeClock, echo: Any, settings: Any) -> dict[str, list[Any]]:
         SubmissionFactory(thread=thread, sequence=3),
     ]
     return {
+        "cursors": {
+            "list_hosts": [encode_host_cursor(host.pk)],
+            "list_submissions": [encode_cursor(row.pk) for row in submissions],
+        },
         "key": ["fuzz"],
         "lane": ["outbox", "agent:native", "agent:custom", "missing"],
         "retry_id": [retry.pk],
@@ -102,6 +108,7 @@ def test_fuzz__no_server_errors_and_every_response_matches_its_declaration(
         {"Authorization": f"Bearer {issue_token(name='fuzz-ops', scope='repair').secret}"},
         {"Authorization": f"Bearer {issue_token(name='fuzz-reader', scope='read').secret}"},
         {},
+        {"Authorization": f"Bearer {issue_token(name='fuzz-producer', scope='submit').secret}"},
     ]
     schema = schemathesis.openapi.from_wsgi("/api/durable-agent/openapi.json", wsgi)
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -116,8 +123,10 @@ def test_fuzz__no_server_errors_and_every_response_matches_its_declaration(
 
         @given(
             case=st.one_of(positive, positive, positive, negative),
-            auth=st.sampled_from([0, 0, 0, 0, 1, 2]),
-            steer=st.dictionaries(st.sampled_from(sorted(seeded)), st.integers(0, 9)),
+            auth=st.sampled_from([0, 0, 0, 0, 1, 2, 3]),
+            steer=st.dictionaries(
+                st.sampled_from(sorted(set(seeded) - {"cursors"})), st.integers(0, 9)
+            ),
             known=st.booleans(),
             echo_agent=st.booleans(),
         )
@@ -138,7 +147,17 @@ def test_fuzz__no_server_errors_and_every_response_matches_its_declaration(
                 if known or name in steer:
                     choices = seeded[name]
                     case.path_parameters[name] = choices[steer.get(name, 0) % len(choices)]
-            if echo_agent and isinstance(case.body, dict) and "agent" in case.body:
+            positive_case = case.meta.generation.mode == GenerationMode.POSITIVE
+            # What the schema cannot say, a positive case keeps to: a cursor is one the
+            # endpoint issued, an agent is registered (the others are negative cases here).
+            if positive_case and case.query and case.query.get("cursor") is not None:
+                issued = seeded["cursors"][case.operation.definition.raw["operationId"]]
+                case.query["cursor"] = issued[steer.get("submission_id", 0) % len(issued)]
+            if (
+                (echo_agent or positive_case)
+                and isinstance(case.body, dict)
+                and "agent" in case.body
+            ):
                 case.body["agent"] = "echo"
                 case.body.pop("version", None)
             response = case.call(headers=credentials[auth])
