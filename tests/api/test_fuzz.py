@@ -149,7 +149,12 @@ def test_fuzz__no_server_errors_and_every_response_matches_its_declaration(
                     case.path_parameters[name] = choices[steer.get(name, 0) % len(choices)]
             positive_case = case.meta.generation.mode == GenerationMode.POSITIVE
             # What the schema cannot say, a positive case keeps to: a cursor is one the
-            # endpoint issued, an agent is registered (the others are negative cases here).
+            # endpoint issued, an agent is registered, an idempotency key sent twice (body
+            # and header) is the same key. Breaking these is tested in test_bad_input.py.
+            if positive_case and isinstance(case.body, dict) and case.headers:
+                header = case.headers.get("Idempotency-Key")
+                if header is not None and case.body.get("idempotency_key") is not None:
+                    case.body["idempotency_key"] = header
             if positive_case and case.query and case.query.get("cursor") is not None:
                 issued = seeded["cursors"][case.operation.definition.raw["operationId"]]
                 case.query["cursor"] = issued[steer.get("submission_id", 0) % len(issued)]

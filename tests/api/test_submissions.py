@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,6 +122,21 @@ def test_submit__invalid_input_is_422_and_writes_nothing(
     path = f"/hosts/{host.key}/threads/t1/submissions"
     assert_error(client.post(path, json=body, headers=repair_auth), 422, code)
     assert not Submission.objects.exists()
+
+
+def test_submit__an_unknown_agent_is_422_with_advice_that_matches_autodiscovery(
+    client: TestClient, host: Host, repair_auth: dict[str, str]
+) -> None:
+    # docs/first-agent.md: agents in an installed app's agents.py are registered at startup
+    path = f"/hosts/{host.key}/threads/t1/submissions"
+    body = assert_error(
+        client.post(path, json={"agent": "nobody"}, headers=repair_auth),
+        422,
+        "agent_not_registered",
+    )
+    assert "in the agents.py of an installed app" in body["message"]
+    first_agent = (Path(__file__).resolve().parents[2] / "docs" / "first-agent.md").read_text()
+    assert "imports the `agents` and `lanes` modules of every\ninstalled app" in first_agent
 
 
 def test_submit__unknown_host_is_404_and_read_scope_403(
