@@ -12,6 +12,7 @@ from durable_agent.api import failures
 from durable_agent.api.auth import SESSION_PERMISSIONS, StaffSessionAuth
 from durable_agent.api.errors import ApiError
 from durable_agent.api.tokens import digest, issue_token, revoke_token
+from durable_agent.checks import check_settings
 from durable_agent.models import AlarmAudit, ApiToken, DueLane, Host, Submission
 from durable_agent.testing import FakeClock
 from project.api import openapi_document
@@ -347,8 +348,6 @@ def test_auth__x_forwarded_for_counts_only_from_trusted_proxies(
 
 
 def test_auth__trusted_proxies_must_be_addresses_or_networks(settings: Any) -> None:
-    from durable_agent.checks import check_settings  # noqa: PLC0415 - the check under test
-
     settings.DURABLE_AGENT = {"API_TRUSTED_PROXIES": ["10.0.0.0/8", "::1", "proxy.local"]}
     assert [e.id for e in check_settings()] == ["durable_agent.E012"]
 
