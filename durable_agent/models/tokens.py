@@ -12,7 +12,7 @@ MAX_TOKEN_NAME_LENGTH = 100
 
 class ApiTokenScope(models.TextChoices):
     READ = "read", "read (GET endpoints only)"
-    SUBMIT = "submit", "submit (GET endpoints and submitting work)"
+    SUBMIT = "submit", "submit (submitting work; host GETs, not submissions)"
     REPAIR = "repair", "repair (every endpoint)"
 
 
