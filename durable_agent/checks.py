@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from ipaddress import ip_network
 from typing import Any
 
 from django.conf import settings
@@ -130,6 +131,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durable_agent.E011",
             )
         )
+    proxies = raw.get("API_TRUSTED_PROXIES", ())
+    for entry in proxies if isinstance(proxies, (list, tuple)) else ():
+        try:
+            ip_network(str(entry), strict=False)
+        except ValueError:
+            errors.append(
+                Error(
+                    f"DURABLE_AGENT API_TRUSTED_PROXIES has {entry!r}, not an address or network.",
+                    hint="List the proxies' addresses or networks, e.g. ['10.0.0.0/8'].",
+                    id="durable_agent.E012",
+                )
+            )
     errors.extend(_check_q_cluster())
     return errors
 

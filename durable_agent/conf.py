@@ -193,6 +193,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Refused API tokens a client address may send per minute before 429s (0 = no limit).",
     ),
     Setting(
+        "API_TRUSTED_PROXIES",
+        (),
+        (list, tuple),
+        None,
+        None,
+        "Addresses or networks of the proxies whose X-Forwarded-For the API failure limit trusts.",
+    ),
+    Setting(
         "RETENTION_PASS_RECORDS_MS",
         30 * DAY_MS,
         (int, type(None)),
@@ -335,6 +343,10 @@ def recovery_timeout() -> timedelta:
 
 def api_auth_failures_per_minute() -> int:
     return int(get("API_AUTH_FAILURES_PER_MINUTE"))
+
+
+def api_trusted_proxies() -> tuple[str, ...]:
+    return tuple(str(entry) for entry in get("API_TRUSTED_PROXIES"))
 
 
 def clock_callable() -> Callable[[], datetime] | None:

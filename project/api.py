@@ -23,7 +23,9 @@ api = NinjaAPI(
     description=(
         "Hosts, lanes, repairs and submissions of durable_agent. Authenticate with "
         "`Authorization: Bearer <secret>` (manage.py api_token create NAME --scope "
-        "read|repair) or a staff session. Every error is {code, message, detail}."
+        "read|submit|repair) or a staff session. A read token calls every GET; a submit token "
+        "submits work and reads hosts, not submissions; a repair token calls everything. "
+        "Every error is {code, message, detail}."
     ),
     urls_namespace="durable_agent_api",
     docs_url="docs",

@@ -302,9 +302,10 @@ class SubmissionAdmin(ReadOnlyAdmin[Submission]):
             title="Abort submissions",
             button="Abort",
             explanation=(
-                "A ready submission is settled 'aborted' by the next pass without running; a "
-                "running one sees ctx.cancelled() and settles 'aborted' when its agent "
-                "returns; a suspended one settles 'aborted' at once. Settled and unknown "
+                "A ready, suspended or unknown submission settles 'aborted' at once, without "
+                "running (for an unknown one, whether its side effect happened stays unknown: "
+                "resolve it instead to record what happened); a running one sees "
+                "ctx.cancelled() and settles 'aborted' when its agent returns. Settled "
                 "submissions are refused."
             ),
             call=services.abort,

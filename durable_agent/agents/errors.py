@@ -24,7 +24,8 @@ class AgentAlreadyRegistered(ConfigurationError):
 
 class AgentNotRegistered(InvalidInput, BindingUnavailable):
     """No agent with this name and version is registered in this process; register it with
-    @durable_agent.agent(name, version=...) in a module your AppConfig.ready() imports."""
+    @durable_agent.agent(name, version=...) in the agents.py of an installed app (found when
+    Django starts), or in a module your AppConfig.ready() imports."""
 
     code = "agent_not_registered"
 

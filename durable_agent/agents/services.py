@@ -205,7 +205,8 @@ def _resolve_binding(agent: object, version: object) -> tuple[str, str]:
         if not available:
             raise AgentNotRegistered(
                 f"No agent {agent!r} is registered in this process; register it with "
-                f"@durable_agent.agent({agent!r}) in a module your AppConfig.ready() imports",
+                f"@durable_agent.agent({agent!r}) in the agents.py of an installed app (found "
+                "when Django starts), or in a module your AppConfig.ready() imports",
                 agent=agent,
             )
         if len(available) > 1:

@@ -1,7 +1,8 @@
 """Who is asking: an API token (``Authorization: Bearer <secret>``) or a staff session.
 
 Both schemes yield a :class:`Principal`. A token's scope decides: ``read`` calls every GET,
-``submit`` every GET and the submit endpoint, ``repair`` every endpoint. A staff user needs,
+``submit`` the submit endpoint and every GET but the submission reads (Note [What a submit
+token reads]), ``repair`` every endpoint. A staff user needs,
 on each endpoint, the Django model permission the admin asks for the same data (Note [Session
 permissions]). Submitting needs the ``submit`` or ``repair`` scope (:func:`require_submit`);
 every other POST is a repair and needs the token's ``repair`` scope; a staff user needs the
@@ -23,6 +24,16 @@ Note [Session permissions]
     The router binds every operation's session scheme to its operation id
     (:func:`bind_permissions`); an operation missing from the table is refused to sessions,
     and a test fails until it is added.
+
+Note [What a submit token reads]
+    A ``submit`` token belongs to a producer: a service that hands work to agents. Submissions
+    carry other producers' payloads and the agents' results and errors, which the admin shows
+    only with ``view_submission``; a producer needs none of them to submit, and its receipt
+    (id, thread, sequence, state) holds no payload. So a submit token reads what a staff user
+    with ``view_host`` alone reads (hosts, their lanes and audit trail, health) and gets 403
+    ``insufficient_scope`` from ``GET submissions`` and ``GET submissions/{id}``
+    (:func:`require_submission_reader`). A producer that must follow its submissions' outcomes
+    also holds a ``read`` token, which reads every submission by design.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from durable_agent.api import failures
 from durable_agent.api.errors import ApiError, not_authenticated
 from durable_agent.api.tokens import check_token
 from durable_agent.models import ApiToken
+from durable_agent.models.tokens import ApiTokenScope
 
 REPAIR_PERMISSION = "durable_agent.repair_host"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -96,6 +108,14 @@ class Principal:
         if self.token is not None:
             return self.token.can_repair
         return self.user is not None and bool(self.user.has_perm(REPAIR_PERMISSION))
+
+    @property
+    def can_read_submissions(self) -> bool:
+        """A read- or repair-scope token, or a user (whose session scheme already asked for
+        ``view_submission``): Note [What a submit token reads]."""
+        if self.token is not None:
+            return self.token.scope != ApiTokenScope.SUBMIT
+        return self.user is not None
 
     @property
     def can_submit(self) -> bool:
@@ -224,6 +244,20 @@ def require_submit(request: HttpRequest) -> Principal:
             "insufficient_scope",
             "Submitting work needs a token with the submit or repair scope, or a staff user "
             f"with the {REPAIR_PERMISSION} permission",
+        )
+    return caller
+
+
+def require_submission_reader(request: HttpRequest) -> Principal:
+    """The principal, if it may read submissions; else a 403 ``insufficient_scope`` (Note
+    [What a submit token reads])."""
+    caller = principal(request)
+    if not caller.can_read_submissions:
+        raise ApiError(
+            403,
+            "insufficient_scope",
+            "Reading submissions (their payloads, results and errors) needs a token with the "
+            "read or repair scope; a submit token submits work and reads hosts",
         )
     return caller
 

@@ -136,8 +136,9 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-ANY_REQUEST = (413, 503)
-"""Statuses any request may get: a body too large, the database unavailable."""
+ANY_REQUEST = (400, 413, 503)
+"""Statuses any request may get: an unreadable request (a ``Content-Length`` that is not a
+number, a body that is not JSON), a body too large, the database unavailable."""
 
 
 def declared(*statuses: int) -> dict[int, type[ErrorOut]]:

@@ -11,9 +11,26 @@ Note [Failure counts live in Django's cache]
     The counts are kept in Django's ``default`` cache, one key per address and minute. With a
     cache shared by every process (Redis, Memcached, the database cache), the limit holds for
     the whole deployment. With the default ``LocMemCache`` each process counts on its own, so
-    N processes allow up to N times the limit; a cache that is down or cleared forgets the
-    counts. The window is fixed (a clock minute, read from ``durable_agent.clock``), so an
-    address can fail up to twice the limit across a minute boundary.
+    N processes allow up to N times the limit; a cache that is cleared forgets the counts. The
+    window is fixed (a clock minute, read from ``durable_agent.clock``), so an address can fail
+    up to twice the limit across a minute boundary.
+
+Note [The limit fails open]
+    A cache that raises (Redis down, a full Memcached, a broken database cache) turns the limit
+    off for that request: the token is checked as if no failure had been counted, so valid
+    tokens keep working while the cache is down. The first such error is logged (ERROR, with
+    the exception) once per process; later ones are not, so an outage does not write a line
+    per request. Refused tokens are still logged one by one.
+
+Note [Whose address counts]
+    Failures are counted against ``REMOTE_ADDR``, the peer of the connection. A proxy in front
+    of Django makes every client share the proxy's address, so a project lists its proxies in
+    ``API_TRUSTED_PROXIES`` (addresses or networks): a request whose peer is one of them is
+    counted against the rightmost ``X-Forwarded-For`` hop that is not. ``X-Forwarded-For`` from
+    any other peer is the client's to write and is ignored. django-ninja's
+    ``NINJA_NUM_PROXIES`` is not used: it trusts the header whoever sent it, so with Django
+    reachable directly a client could pick a fresh address for each guess, or lock out any
+    address it names.
 """
 
 from __future__ import annotations
@@ -21,8 +38,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from datetime import datetime
+from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 
-from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest
 
@@ -32,22 +49,52 @@ logger = logging.getLogger("durable_agent.api")
 
 WINDOW_SECONDS = 60
 _KEY = "durable_agent:api-auth-failures:{address}:{window}"
+_cache_error_logged = False
+
+
+def _cache_failed(exc: Exception) -> None:
+    """Note a cache error: logged the first time in this process only (Note [The limit fails
+    open])."""
+    global _cache_error_logged
+    if _cache_error_logged:
+        return
+    _cache_error_logged = True
+    logger.error(
+        "The cache failed (%s: %s); refused API tokens are not limited while it fails "
+        "(logged once per process)",
+        type(exc).__name__,
+        exc,
+        exc_info=exc,
+        extra={"action": "api_auth_limit_off"},
+    )
+
+
+def _networks() -> tuple[IPv4Network | IPv6Network, ...]:
+    return tuple(ip_network(str(entry), strict=False) for entry in conf.api_trusted_proxies())
+
+
+def _trusted(address: str, networks: tuple[IPv4Network | IPv6Network, ...]) -> bool:
+    try:
+        parsed = ip_address(address)
+    except ValueError:
+        return False
+    return any(parsed in network for network in networks)
 
 
 def client_address(request: HttpRequest) -> str:
-    """The address failures are counted against: ``REMOTE_ADDR``, or, when the project sets
-    ``NINJA_NUM_PROXIES`` (django-ninja's setting for its own throttles), the address that
-    many proxies back in ``X-Forwarded-For``. Without that setting the header is ignored: a
-    client could otherwise pick a new address for every guess."""
+    """The address failures are counted against (Note [Whose address counts]):
+    ``REMOTE_ADDR``, or, when that peer is a trusted proxy, the rightmost ``X-Forwarded-For``
+    hop that is not one."""
     remote = str(request.META.get("REMOTE_ADDR") or "unknown")
-    proxies = getattr(settings, "NINJA_NUM_PROXIES", None)
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
-    if not isinstance(proxies, int) or proxies <= 0 or not forwarded:
+    networks = _networks()
+    if not networks or not forwarded or not _trusted(remote, networks):
         return remote
     hops = [hop.strip() for hop in str(forwarded).split(",") if hop.strip()]
-    if not hops:
-        return remote
-    return hops[-min(proxies, len(hops))][:100]
+    for hop in reversed(hops):
+        if not _trusted(hop, networks):
+            return hop[:100]
+    return hops[0][:100] if hops else remote
 
 
 def _window(now: datetime) -> tuple[int, int]:
@@ -71,9 +118,14 @@ def retry_after(request: HttpRequest) -> int | None:
     address = client_address(request)
     window, left = _window(clock.now())
     key = _key(address, window)
-    if int(cache.get(key, 0)) < limit:
+    try:
+        if int(cache.get(key, 0)) < limit:
+            return None
+        first = cache.add(f"{key}:reported", 1, timeout=WINDOW_SECONDS + 1)
+    except Exception as exc:  # any cache backend's error: fail open (Note [The limit fails open])
+        _cache_failed(exc)
         return None
-    if cache.add(f"{key}:reported", 1, timeout=WINDOW_SECONDS + 1):
+    if first:
         logger.warning(
             "API token authentication refused from %s for %d s: %d failures this minute",
             address,
@@ -97,8 +149,11 @@ def record(request: HttpRequest, reason: str) -> None:
         return
     window, _left = _window(clock.now())
     key = _key(address, window)
-    cache.add(key, 0, timeout=WINDOW_SECONDS + 1)
     try:
-        cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout=WINDOW_SECONDS + 1)
+        cache.add(key, 0, timeout=WINDOW_SECONDS + 1)
+        try:
+            cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.set(key, 1, timeout=WINDOW_SECONDS + 1)
+    except Exception as exc:  # any cache backend's error: fail open (Note [The limit fails open])
+        _cache_failed(exc)

@@ -14,8 +14,11 @@ from durable_agent.api.schemas import (
     AuditOut,
     AuditPageOut,
     BindingRetryOut,
+    FailingHostOut,
     FaultOut,
+    HealthCountsOut,
     HealthOut,
+    HostAuditOut,
     HostDetailOut,
     HostFilterQuery,
     HostKey,
@@ -34,7 +37,7 @@ from durable_agent.api.selectors import (
     host_lanes,
     host_page,
 )
-from durable_agent.maintenance.operators.audit import audit_all
+from durable_agent.maintenance.operators.audit import AuditSummary, audit_all
 from durable_agent.maintenance.store.selectors import verdict
 from durable_agent.models import Host, MaintenanceState
 from durable_agent.runtime import get_runtime
@@ -195,6 +198,61 @@ def list_audit(request: HttpRequest, key: Path[HostKey], query: Query[PageQuery]
     )
 
 
+HEALTH_LISTED = 50
+"""``GET health`` lists at most this many hosts per list (the first by id) and this many
+lanes per parked host; ``counts`` holds the full numbers (Note [A bounded health answer])."""
+HEALTH_ERROR_CHARS = 500
+"""``GET health`` cuts each error text to this many characters (ending with ``…``)."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= HEALTH_ERROR_CHARS else text[: HEALTH_ERROR_CHARS - 1] + "…"
+
+
+def _bounded_health(summary: AuditSummary) -> HealthOut:
+    """The answer of ``GET health`` for ``summary``.
+
+    Note [A bounded health answer]
+        Everyone polls ``GET health`` during an incident, exactly when many hosts are
+        unhealthy. So its size does not grow with them: each list holds its first
+        :data:`HEALTH_LISTED` hosts by id (``parked`` as many hosts and as many lanes per
+        host), ``counts`` says how long each list is, and each error text is cut to
+        :data:`HEALTH_ERROR_CHARS` characters. ``GET hosts`` with a filter (``failing``,
+        ``overdue``, ``parked``) pages through every host of a list; ``GET hosts/{key}``
+        shows a host's whole error.
+    """
+    n = HEALTH_LISTED
+    parked = list(summary.parked.items())
+    violating = []
+    for audit in summary.violating[:n]:
+        data = audit.as_dict()
+        data["last_error"] = _cut(audit.last_error)
+        data["parked_lanes"] = list(audit.parked_lanes)[:n]
+        violating.append(HostAuditOut.model_validate(data))
+    return HealthOut(
+        ok=summary.ok,
+        hosts=summary.hosts,
+        counts=HealthCountsOut(
+            violating=len(summary.violating),
+            failing=len(summary.failing),
+            overdue=len(summary.overdue),
+            parked_hosts=len(parked),
+            parked_lanes=sum(len(lanes) for _host, lanes in parked),
+            stale_leases=len(summary.stale_leases),
+        ),
+        listed=n,
+        violating=violating,
+        failing=[
+            FailingHostOut(host=h.host, failed_passes=h.failed_passes, error=_cut(h.last_error))
+            for h in summary.failing[:n]
+        ],
+        overdue=list(summary.overdue[:n]),
+        parked={host: list(lanes)[:n] for host, lanes in parked[:n]},
+        expired_tickets=summary.expired_tickets,
+        stale_leases=list(summary.stale_leases[:n]),
+    )
+
+
 @router.get(
     "health",
     response={200: HealthOut, **errors(401, 403)},
@@ -202,7 +260,7 @@ def list_audit(request: HttpRequest, key: Path[HostKey], query: Query[PageQuery]
     operation_id="health",
 )
 def health(request: HttpRequest) -> HealthOut:
-    """Hosts violating the invariant, failing hosts, overdue hosts, parked lanes (200 even when
-    not ok)."""
+    """Counts of hosts violating the invariant, failing hosts, overdue hosts, parked lanes, and
+    the first hosts of each (200 even when not ok; Note [A bounded health answer])."""
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
-    return HealthOut.model_validate(summary.as_dict())
+    return _bounded_health(summary)

@@ -38,7 +38,6 @@ from durable_agent.text import validate_reason
 
 router = Router(tags=["repairs"])
 REPAIR_ERRORS = errors(400, 401, 403, 404, 409, 422)
-NULL_BODY = "The body must be a JSON object or absent, not null"
 
 
 def _repair(
@@ -50,7 +49,7 @@ def _repair(
 ) -> RepairOut:
     """Scope, reason, host (401/403, then 422, then 404), then the audited ``service``."""
     caller = require_repair(request)
-    reason = body_reason(request, body)
+    reason = body_reason(body)
     host = get_host(key)
     result = service(host=host, actor=caller.actor, reason=reason, **target)
     return RepairOut(
@@ -58,15 +57,9 @@ def _repair(
     )
 
 
-def body_reason(request: HttpRequest, body: RepairIn | None) -> str:
-    """The reason of an optional body: absent, or a JSON object (``null`` is refused)."""
-    if body is None and request.body.strip():
-        raise ApiError(
-            422,
-            "validation_error",
-            "The request is not valid",
-            {"errors": [{"loc": ["body"], "msg": NULL_BODY, "type": "value_error"}]},
-        )
+def body_reason(body: RepairIn | None) -> str:
+    """The reason of an optional body: absent, JSON ``null`` (the same as absent: the document
+    declares these bodies nullable) or a JSON object."""
     return validate_reason(body.reason if body is not None else "")
 
 
@@ -104,7 +97,7 @@ def run_pass(
     fails has already re-armed the host with a backoff; the answer is 500 ``pass_failed``.
     """
     caller = require_repair(request)
-    reason = body_reason(request, body)
+    reason = body_reason(body)
     host = get_host(key)
     try:
         report: PassReport = repairs.pass_now(host=host, actor=caller.actor, reason=reason)

@@ -65,6 +65,7 @@ HostKey = Annotated[str, Field(min_length=1, max_length=MAX_HOST_KEY_LENGTH, pat
 LaneId = Annotated[str, Field(min_length=1, max_length=MAX_LANE_ID_LENGTH, pattern=LANE_ID)]
 ThreadKey = Annotated[str, Field(min_length=1, max_length=MAX_THREAD_KEY_LENGTH, pattern=NO_NUL)]
 RowId = Annotated[int, Field(ge=1, le=MAX_ID)]
+Cursor = Annotated[str, Field(min_length=1, max_length=100)]
 Reason = Annotated[str, Field(max_length=MAX_REASON_LENGTH, pattern=NO_NUL)]
 IdempotencyKey = Annotated[
     str, Field(min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH, pattern=NO_NUL)
@@ -128,11 +129,10 @@ class PageQuery(Schema):
 
 class HostFilterQuery(Schema):
     limit: int = Field(50, ge=1, le=MAX_PAGE_SIZE)
-    cursor: str | None = Field(
+    cursor: Cursor | None = Field(
         None,
-        min_length=1,
-        max_length=64,
-        description="The previous page's `next`: the page after it (keyset pagination).",
+        description="The previous page's `next`: the page after it (keyset pagination). Only "
+        "a `next` this endpoint issued is accepted (422 `invalid_cursor`).",
     )
     overdue: QueryBool | None = Field(None, description="Armed, and more than 60 s past its time.")
     parked: QueryBool | None = Field(None, description="Has at least one parked lane.")
@@ -151,11 +151,10 @@ class SubmissionFilterQuery(Schema):
         None, min_length=1, max_length=200, pattern=NO_NUL, description="Only this agent."
     )
     limit: int = Field(50, ge=1, le=MAX_PAGE_SIZE)
-    cursor: str | None = Field(
+    cursor: Cursor | None = Field(
         None,
-        min_length=1,
-        max_length=64,
-        description="The previous page's `next`: the page after it (keyset pagination).",
+        description="The previous page's `next`: the page after it (keyset pagination). Only "
+        "a `next` this endpoint issued is accepted (422 `invalid_cursor`).",
     )
 
 
@@ -313,9 +312,23 @@ class FailingHostOut(Schema):
     error: str = Field(description="The error of the latest failed pass.")
 
 
+class HealthCountsOut(Schema):
+    violating: int = Field(description="Hosts violating the alarm invariant.")
+    failing: int = Field(description="Failing hosts.")
+    overdue: int = Field(description="Overdue hosts.")
+    parked_hosts: int = Field(description="Hosts with at least one parked lane.")
+    parked_lanes: int = Field(description="Parked lanes, across hosts.")
+    stale_leases: int = Field(description="Hosts whose pass lease expired unreleased.")
+
+
 class HealthOut(Schema):
     ok: bool = Field(description="No host violates the alarm invariant and none is failing.")
     hosts: int
+    counts: HealthCountsOut = Field(description="The whole length of every list below.")
+    listed: int = Field(
+        description="The most hosts each list holds (the first ones by id), and the most lanes "
+        "per host in `parked`; `counts` says how many there are."
+    )
     violating: list[HostAuditOut]
     failing: list[FailingHostOut] = Field(
         description="Hosts whose last FAILING_AFTER_PASSES passes failed (busy ones not counted)."

@@ -16,7 +16,7 @@ from ninja import Body, Header, Path, Query, Router, Status
 from durable_agent.agents import services
 from durable_agent.agents.errors import SubmissionNotFound
 from durable_agent.api import cursors
-from durable_agent.api.auth import require_repair, require_submit
+from durable_agent.api.auth import require_repair, require_submission_reader, require_submit
 from durable_agent.api.converters import THREAD
 from durable_agent.api.errors import ApiError
 from durable_agent.api.errors import declared as errors
@@ -135,6 +135,7 @@ def list_submissions(
         ``next`` is opaque (it encodes the last id) and null on the last page. An unknown
         ``host`` is 404 ``host_not_found``.
     """
+    require_submission_reader(request)
     rows = Submission.objects.select_related("host", "thread").order_by("-id")
     if query.host is not None:
         rows = rows.filter(host=get_host(query.host))
@@ -184,6 +185,7 @@ def _summary(row: Submission) -> SubmissionSummaryOut:
 )
 def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionOut:
     """A submission's state, outcome, result and timeline."""
+    require_submission_reader(request)
     row = Submission.objects.select_related("host", "thread").filter(pk=submission_id).first()
     if row is None:
         raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)
@@ -210,7 +212,7 @@ def abort(
     when its attempt sees the intent. Settled submissions are 409. Audited with the caller and
     the optional ``reason``."""
     caller = require_repair(request)
-    reason = body_reason(request, body)
+    reason = body_reason(body)
     return _status_out(services.abort(submission_id, actor=caller.actor, reason=reason))
 
 

@@ -3,6 +3,15 @@
 A secret is ``da_`` followed by 43 URL-safe characters (32 random bytes). Only its SHA-256
 digest is stored, so a database dump does not reveal a usable token; ``prefix`` (the first 10
 characters) lets an operator recognise a token in ``manage.py api_token list``.
+
+Note [A token name is never reused]
+    Audit rows record the token that acted as ``token:NAME``. A new token under a revoked
+    token's name would make the two indistinguishable in the audit trail, so a name, once
+    issued, is refused to every later token (409 ``token_name_taken``, a ``CommandError`` in
+    ``manage.py api_token create``), revoked or not. The database's unique constraint covers
+    the active tokens only (two creations racing for a new name); revoked names are checked
+    here, before the insert: a revoked token never becomes active again, so the check cannot
+    go stale.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ class InvalidTokenName(InvalidInput):
 
 
 class TokenNameTaken(InvalidInput):
-    """An active token already has this name; revoke it first or choose another name."""
+    """A token, active or revoked, already has this name; choose another name (audit rows name
+    a token ``token:NAME``, so a name is never given to a second token)."""
 
     code = "token_name_taken"
 
@@ -76,10 +86,13 @@ def issue_token(*, name: str, scope: str) -> IssuedToken:
     """Create an active token called ``name`` with ``scope`` (``read``, ``submit`` or ``repair``).
 
     Raises:
-        InvalidTokenName, InvalidInput (an unknown scope), TokenNameTaken.
+        InvalidTokenName, InvalidInput (an unknown scope), TokenNameTaken (any token, revoked
+        ones included, has this name: Note [A token name is never reused]).
     """
     name = _validate_name(name)
     scope = _validate_scope(scope)
+    if ApiToken.objects.filter(name=name).exists():  # Note [A token name is never reused]
+        raise TokenNameTaken(name=name)
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     try:
         with transaction.atomic():

@@ -11,7 +11,10 @@ Two kinds (docs/operations.md):
   queries whatever the number of hosts): ``durable_agent_hosts``,
   ``durable_agent_hosts_armed``, ``durable_agent_hosts_overdue``,
   ``durable_agent_hosts_failing``, ``durable_agent_lanes_parked``,
-  ``durable_agent_submissions_owed``.
+  ``durable_agent_submissions_owed``, and ``durable_agent_fleet_up``: 1 when they were read.
+  When the database fails (Note [A scrape without the database]) the scrape still answers 200
+  with the pass metrics and ``durable_agent_fleet_up 0``; the other fleet gauges are left out,
+  so a dashboard shows a gap, never a stale or zero count.
 
 :func:`metrics_view` answers both in the text exposition format; mount it on a path only your
 Prometheus can reach (it checks no credentials)::
@@ -25,8 +28,10 @@ only imports it when the package is installed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
+from django.db import Error as DatabaseFailure
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -42,6 +47,8 @@ from prometheus_client.registry import Collector
 from durable_agent.observability import fleet_snapshot
 
 __all__ = ["FLEET_REGISTRY", "FleetCollector", "metrics_view", "observe_pass"]
+
+logger = logging.getLogger("durable_agent.metrics")
 
 PASSES = Counter(
     "durable_agent_passes",
@@ -68,11 +75,40 @@ def observe_pass(phase: str, duration_s: float, lateness_ms: int | None) -> None
         PASS_LATENESS.observe(max(lateness_ms, 0) / 1000)
 
 
+FLEET_UP_HELP = "1 when the fleet gauges were read from the database, 0 when it failed."
+
+
 class FleetCollector(Collector):
-    """Gauges of the whole fleet, read from the database when scraped."""
+    """Gauges of the whole fleet, read from the database when scraped.
+
+    Note [A scrape without the database]
+        A database that is down or refuses the queries must not cost the scrape: the pass
+        metrics live in the process and are what an operator needs most during the outage.
+        A database error while reading the fleet yields ``durable_agent_fleet_up 0`` and no
+        other fleet gauge. The failure is logged (WARNING) when the database goes from up to
+        down as this process sees it, and again when it is back (INFO), not on every scrape.
+    """
+
+    database_down = False
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = fleet_snapshot()
+        try:
+            snapshot = fleet_snapshot()
+        except DatabaseFailure as exc:
+            if not FleetCollector.database_down:
+                FleetCollector.database_down = True
+                logger.warning(
+                    "Fleet gauges unavailable, the database failed: %s: %s",
+                    type(exc).__name__,
+                    exc,
+                    extra={"action": "metrics_fleet_down"},
+                )
+            yield GaugeMetricFamily("durable_agent_fleet_up", FLEET_UP_HELP, value=0)
+            return
+        if FleetCollector.database_down:
+            FleetCollector.database_down = False
+            logger.info("Fleet gauges read again", extra={"action": "metrics_fleet_up"})
+        yield GaugeMetricFamily("durable_agent_fleet_up", FLEET_UP_HELP, value=1)
         for name, help_text, value in (
             ("durable_agent_hosts", "Hosts.", snapshot.hosts),
             ("durable_agent_hosts_armed", "Hosts whose alarm slot is armed.", snapshot.armed),

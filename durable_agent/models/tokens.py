@@ -12,7 +12,7 @@ MAX_TOKEN_NAME_LENGTH = 100
 
 class ApiTokenScope(models.TextChoices):
     READ = "read", "read (GET endpoints only)"
-    SUBMIT = "submit", "submit (GET endpoints and submitting work)"
+    SUBMIT = "submit", "submit (submitting work; host GETs, not submissions)"
     REPAIR = "repair", "repair (every endpoint)"
 
 
@@ -25,7 +25,7 @@ class ApiToken(models.Model):
     """A bearer token of the HTTP API. Only the digest of its secret is stored.
 
     Audit rows written through the token name it ``token:<name>``. A revoked token is kept
-    (its name and dates stay visible); its name may then be reused by a new token.
+    (its name and dates stay visible); its name is never given to a new token.
     """
 
     name = models.CharField(max_length=MAX_TOKEN_NAME_LENGTH)

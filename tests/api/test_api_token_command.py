@@ -46,13 +46,16 @@ def test_api_token__list_and_revoke(clock: FakeClock, client: TestClient) -> Non
     assert_error(client.get("/health", headers=bearer(secret)), 401, "invalid_token")
 
 
-def test_api_token__a_revoked_name_can_be_reused(clock: FakeClock) -> None:
+def test_api_token__a_name_is_never_reused_even_after_revocation(clock: FakeClock) -> None:
     run("create", "ops", "--scope", "repair")
     with pytest.raises(CommandError, match="already has this name"):
         run("create", "ops", "--scope", "read")
     run("revoke", "ops")
-    run("create", "ops", "--scope", "read")
-    assert ApiToken.objects.filter(name="ops").count() == 2
+    # audit rows name the token token:ops: a second token may not take the name
+    with pytest.raises(CommandError, match="active or revoked, already has this name"):
+        run("create", "ops", "--scope", "read")
+    assert ApiToken.objects.filter(name="ops").count() == 1
+    run("create", "ops-2", "--scope", "read")
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.test import Client, RequestFactory
+from django.test import Client, RequestFactory, override_settings
 from ninja.testing import TestClient
 
+from durable_agent.api import failures
 from durable_agent.api.auth import SESSION_PERMISSIONS, StaffSessionAuth
 from durable_agent.api.errors import ApiError
 from durable_agent.api.tokens import digest, issue_token, revoke_token
+from durable_agent.checks import check_settings
 from durable_agent.models import AlarmAudit, ApiToken, DueLane, Host, Submission
 from durable_agent.testing import FakeClock
 from project.api import openapi_document
@@ -323,15 +325,60 @@ def test_auth__zero_turns_the_limit_off(
     assert statuses == {401}
 
 
-def test_auth__x_forwarded_for_counts_only_behind_declared_proxies(
+def test_auth__x_forwarded_for_counts_only_from_trusted_proxies(
     client: TestClient, clock: FakeClock, limit_3: None, settings: Any
 ) -> None:
-    def guess(forwarded: str) -> int:
-        meta = {"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": forwarded}
+    def guess(forwarded: str, peer: str = "10.0.0.1") -> int:
+        meta = {"REMOTE_ADDR": peer, "HTTP_X_FORWARDED_FOR": forwarded}
         return client.get("/health", headers=bearer("da_guess"), META=meta).status_code
 
-    # the header is the client's to forge: without NINJA_NUM_PROXIES the proxy address counts
+    # the header is the client's to forge: without trusted proxies the peer's address counts
     assert [guess(f"192.0.2.{n}") for n in range(4)] == [401, 401, 401, 429]
+    # django-ninja's NINJA_NUM_PROXIES trusts the header from anyone: it is not used
     settings.NINJA_NUM_PROXIES = 1
-    assert [guess("192.0.2.50, 192.0.2.99") for _ in range(4)] == [401, 401, 401, 429]
-    assert guess("192.0.2.51") == 401
+    assert guess("192.0.2.60", peer="10.0.0.1") == 429
+    settings.DURABLE_AGENT = {**settings.DURABLE_AGENT, "API_TRUSTED_PROXIES": ["10.0.0.0/24"]}
+    # behind a trusted proxy: the rightmost hop that is not a trusted proxy
+    assert [guess("192.0.2.50, 10.0.0.7") for _ in range(4)] == [401, 401, 401, 429]
+    assert guess("192.0.2.50, 192.0.2.51") == 401
+    # a peer that is not a trusted proxy cannot pick its address, nor lock out another one
+    assert guess("192.0.2.52", peer="203.0.113.5") == 401
+    assert [guess("192.0.2.70", peer="203.0.113.5") for _ in range(3)] == [401, 401, 429]
+    assert guess("192.0.2.70") == 401
+
+
+def test_auth__trusted_proxies_must_be_addresses_or_networks(settings: Any) -> None:
+    settings.DURABLE_AGENT = {"API_TRUSTED_PROXIES": ["10.0.0.0/8", "::1", "proxy.local"]}
+    assert [e.id for e in check_settings()] == ["durable_agent.E012"]
+
+
+def test_auth__the_limit_fails_open_when_the_cache_fails(
+    client: TestClient,
+    clock: FakeClock,
+    limit_3: None,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    good = bearer(issue_token(name="ci", scope="read").secret)
+    monkeypatch.setattr(failures, "_cache_error_logged", False, raising=False)
+    caplog.set_level(logging.WARNING, logger="durable_agent.api")
+    down_redis = {  # a Redis that is down: nothing listens on port 1
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        }
+    }
+    with override_settings(CACHES=down_redis):
+        for _ in range(5):
+            assert client.get("/health", headers=good, **at("198.51.100.7")).status_code == 200
+            assert_error(
+                client.get("/health", headers=bearer("da_guess"), **at("198.51.100.7")),
+                401,
+                "invalid_token",
+            )
+    down = [r for r in caplog.records if getattr(r, "action", "") == "api_auth_limit_off"]
+    assert len(down) == 1  # once per process, not once per request
+    assert down[0].levelname == "ERROR"
+    assert "refused API tokens are not limited while it fails" in down[0].getMessage()
+    refused = [r for r in caplog.records if getattr(r, "action", "") == "api_auth_failed"]
+    assert len(refused) == 5  # each refused token is still logged

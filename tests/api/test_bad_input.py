@@ -21,6 +21,7 @@ from durable_agent.api.errors import RETRY_AFTER_SECONDS, to_api_error
 from durable_agent.errors import AlarmError
 from durable_agent.models import AlarmAudit, Host, PassRecord, Submission, SubmissionState
 from durable_agent.testing import ScriptedRuntime
+from project.api import openapi_document
 from tests.api.conftest import assert_error
 from tests.factories import SubmissionFactory, ThreadFactory
 from tests.writes import footprint
@@ -234,8 +235,23 @@ OBJECT_BODIES = [
 ]
 
 
-@pytest.mark.parametrize("body", ["[]", '[{"reason": "x"}]', '"x"', "7", "true", "null"])
-@pytest.mark.parametrize("path", OBJECT_BODIES)
+REQUIRED_BODIES = [
+    "hosts/{key}/rearm",
+    "hosts/{key}/threads/t/submissions",
+    "submissions/{submission}/approve",
+    "submissions/{submission}/resolve",
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        *((path, body) for path in OBJECT_BODIES for body in ["[]", '[{"reason": "x"}]', '"x"']),
+        *((path, body) for path in OBJECT_BODIES for body in ["7", "true"]),
+        # an optional body may be null (the same as absent); a required one may not
+        *((path, "null") for path in REQUIRED_BODIES),
+    ],
+)
 def test_bad_input__a_body_that_is_not_an_object_is_422_and_runs_nothing(
     web: Client,
     host: Host,
@@ -255,6 +271,32 @@ def test_bad_input__a_body_that_is_not_an_object_is_422_and_runs_nothing(
     assert footprint() == before
     assert runtime.nonterminal(host.pk) != []
     assert not PassRecord.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "documented"),
+    [
+        ("hosts/{key}/pass", "hosts/{key}/pass"),
+        ("hosts/{key}/lanes/outbox/unpark", "hosts/{key}/lanes/{lane}/unpark"),
+        ("hosts/{key}/binding-retries/1/retry", "hosts/{key}/binding-retries/{retry_id}/retry"),
+        ("hosts/{key}/faults/t/retry", "hosts/{key}/faults/{thread}/retry"),
+        ("submissions/{submission}/abort", "submissions/{submission_id}/abort"),
+    ],
+)
+def test_bad_input__an_optional_body_may_be_null_as_the_document_declares(
+    web: Client,
+    host: Host,
+    suspended: Submission,
+    repair_auth: dict[str, str],
+    path: str,
+    documented: str,
+) -> None:
+    operation = openapi_document()["paths"][f"{BASE}/{documented}"]["post"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert {"type": "null"} in schema["anyOf"]
+    url = "/" + path.format(key=host.key, submission=suspended.pk)
+    response = send(web, "POST", url, repair_auth, "null")
+    assert response.status_code in (200, 404, 409), response.json()
 
 
 # -- 404 and 405 under the mount -------------------------------------------------------------

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 from typing import Any
 
@@ -7,9 +8,10 @@ import pytest
 from ninja.testing import TestClient
 from pytest_django import DjangoAssertNumQueries
 
-from durable_agent.api.hosts import encode_host_cursor
+from durable_agent.api.hosts import HEALTH_ERROR_CHARS, HEALTH_LISTED, encode_host_cursor
+from durable_agent.api.submissions import encode_cursor
 from durable_agent.maintenance import alarm
-from durable_agent.models import Host
+from durable_agent.models import DueLane, Host, MaintenanceState, PassRecord
 from durable_agent.testing import FakeClock, ScriptedRuntime
 from tests.api.conftest import assert_error, make_user
 from tests.factories import (
@@ -24,6 +26,10 @@ from tests.factories import (
 )
 
 pytestmark = pytest.mark.django_db
+
+
+def b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 @pytest.fixture
@@ -133,6 +139,23 @@ def test_list_hosts__a_bad_cursor_is_422_invalid_cursor(
         client.get(f"/hosts?cursor={cursor}", headers=read_auth), 422, "invalid_cursor"
     )
     assert body["detail"] == {"cursor": cursor}
+
+
+def test_list_hosts__only_issued_cursors_are_accepted(
+    client: TestClient, read_auth: dict[str, str], fleet: dict[str, Host]
+) -> None:
+    first = client.get("/hosts?limit=1", headers=read_auth).json()
+    assert client.get(f"/hosts?cursor={first['next']}", headers=read_auth).status_code == 200
+    # hand-made: the old unsigned form, a zero-padded id, another endpoint's cursor
+    host_id = fleet["a-overdue"].pk
+    for made in (
+        "h1." + b64(str(host_id)),
+        "h1." + b64(f"{host_id:04d}"),
+        encode_cursor(host_id),
+        "h1." + b64(str(host_id)) + encode_cursor(host_id)[-44:],  # its signature, here
+    ):
+        response = client.get(f"/hosts?cursor={made}", headers=read_auth)
+        assert_error(response, 422, "invalid_cursor")
 
 
 @pytest.mark.parametrize("query", ["limit=0", "limit=501", "cursor=", "overdue=maybe"])
@@ -266,3 +289,60 @@ def test_health__reports_violating_hosts(
     [violating] = body["violating"]
     assert (violating["host"], violating["ok"], violating["slot"]) == (host.key, False, None)
     assert violating["violations"] == ["owed work without an armed alarm"]
+
+
+def add_unhealthy_hosts(first: int, count: int, started_at: Any) -> None:
+    """``count`` hosts that are failing, violating the invariant and parked, with a long error
+    (bulk-created: a few queries whatever ``count``)."""
+    hosts = Host.objects.bulk_create(
+        [Host(key=f"sick-{n:05d}") for n in range(first, first + count)]
+    )
+    MaintenanceState.objects.bulk_create(
+        [MaintenanceState(host=host, dirty=2, processed=1) for host in hosts]
+    )
+    DueLane.objects.bulk_create(
+        [
+            DueLane(host=host, lane=f"lane-{n}", state="parked", stalls=8, due_at=None)
+            for host in hosts
+            for n in range(3)
+        ]
+    )
+    PassRecord.objects.bulk_create(
+        [
+            PassRecord(host=host, started_at=started_at, phase="failed", error="E" * 5000)
+            for host in hosts
+            for _ in range(3)
+        ]
+    )
+
+
+def test_health__is_bounded_however_many_hosts_are_unhealthy(
+    client: TestClient, clock: FakeClock, read_auth: dict[str, str]
+) -> None:
+    add_unhealthy_hosts(0, HEALTH_LISTED + 10, clock.now())
+    small = client.get("/health", headers=read_auth)
+    add_unhealthy_hosts(HEALTH_LISTED + 10, 4 * HEALTH_LISTED, clock.now())
+    large = client.get("/health", headers=read_auth)
+    body = large.json()
+
+    unhealthy = 5 * HEALTH_LISTED + 10
+    assert body["ok"] is False
+    assert body["listed"] == HEALTH_LISTED
+    assert body["counts"] == {
+        "violating": unhealthy,
+        "failing": unhealthy,
+        "overdue": 0,
+        "parked_hosts": unhealthy,
+        "parked_lanes": 3 * unhealthy,
+        "stale_leases": 0,
+    }
+    first = [f"sick-{n:05d}" for n in range(HEALTH_LISTED)]
+    assert [row["host"] for row in body["violating"]] == first
+    assert [row["host"] for row in body["failing"]] == first
+    assert list(body["parked"]) == first
+    assert {len(row["error"]) for row in body["failing"]} == {HEALTH_ERROR_CHARS}
+    assert body["failing"][0]["error"].endswith("…")
+    assert {len(row["last_error"]) for row in body["violating"]} == {HEALTH_ERROR_CHARS}
+    # the size no longer grows with the unhealthy hosts (only the counts' digits change)
+    assert abs(len(large.content) - len(small.content)) < 50
+    assert len(large.content) < 100_000

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+from durable_agent.models.tokens import ApiTokenScope
 from project.api import OPENAPI_PATH, openapi_document
 
 REGENERATE = (
@@ -26,7 +27,7 @@ def test_openapi__every_operation_declares_its_error_statuses() -> None:
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             statuses = set(operation["responses"])
-            assert {"401", "403", "413", "503"} <= statuses, (method, path)
+            assert {"400", "401", "403", "413", "503"} <= statuses, (method, path)
             if "{" in path:
                 assert {"404", "422"} <= statuses, (method, path)
             if method == "post":
@@ -41,3 +42,8 @@ def test_openapi__both_security_schemes_are_documented() -> None:
     schemes = openapi_document()["components"]["securitySchemes"]
     assert schemes["TokenAuth"] == {"type": "http", "scheme": "bearer"}
     assert schemes["StaffSessionAuth"]["in"] == "cookie"
+
+
+def test_openapi__the_description_lists_every_token_scope() -> None:
+    description = openapi_document()["info"]["description"]
+    assert f"--scope {'|'.join(ApiTokenScope.values)}" in description

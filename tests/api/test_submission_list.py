@@ -115,7 +115,7 @@ def test_list__sessions_need_a_submission_permission(
 
 @pytest.mark.parametrize(
     ("scope", "submit", "repair", "read"),
-    [("read", 403, 403, 200), ("submit", 201, 403, 200), ("repair", 201, 200, 200)],
+    [("read", 403, 403, 200), ("submit", 201, 403, 403), ("repair", 201, 200, 200)],
 )
 def test_scopes__submit_is_separate_from_repair(
     client: TestClient,
@@ -144,3 +144,27 @@ def test_scopes__submit_is_separate_from_repair(
         == repair
     )
     assert client.get("/submissions", headers=headers).status_code == read
+    assert client.get(f"/submissions/{suspended.pk}", headers=headers).status_code == read
+    assert client.get("/hosts", headers=headers).status_code == 200
+    assert client.get(f"/hosts/{host.key}", headers=headers).status_code == 200
+
+
+def test_scopes__a_submit_token_reads_no_payload(
+    client: TestClient, host: Host, echo: Any, clock: Any
+) -> None:
+    other = add(host, "private", SubmissionState.READY)
+    other.payload = {"card": "4111 1111 1111 1111"}
+    other.save()
+    headers = bearer(issue_token(name="producer", scope="submit").secret)
+    receipt = client.post(
+        f"/hosts/{host.key}/threads/mine/submissions",
+        json={"agent": "echo", "payload": {"mine": 1}},
+        headers=headers,
+    )
+    assert receipt.status_code == 201
+    assert "payload" not in receipt.json()
+    for path in ("/submissions", f"/submissions/{other.pk}", f"/submissions?host={host.key}"):
+        response = client.get(path, headers=headers)
+        body = assert_error(response, 403, "insufficient_scope")
+        assert "4111" not in response.content.decode()
+        assert "read or repair scope" in body["message"]

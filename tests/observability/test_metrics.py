@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError, connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -85,6 +87,47 @@ def test_scrape__fleet_gauges_read_the_database(
     assert value(samples, "durable_agent_hosts_failing") == 1
     assert value(samples, "durable_agent_lanes_parked") == 1
     assert value(samples, "durable_agent_submissions_owed") == 1
+
+
+def test_scrape__without_the_database_serves_the_pass_metrics_and_fleet_up_0(
+    host: Host,
+    clock: FakeClock,
+    runtime: ScriptedRuntime,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from durable_agent.contrib.metrics import FleetCollector
+
+    monkeypatch.setattr(FleetCollector, "database_down", False, raising=False)
+    runtime.submit(host, "t1")
+    run_pass(host)  # a counted pass: the process counters are not empty
+    up = scrape()
+    assert value(up, "durable_agent_fleet_up") == 1
+    passes = value(up, "durable_agent_passes_total", phase="actionable")
+    assert passes >= 1
+
+    def refuse(execute: object, sql: str, params: object, many: bool, context: object) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    caplog.set_level(logging.INFO, logger="durable_agent.metrics")
+    with connection.execute_wrapper(refuse):
+        down = scrape()
+        scrape()  # logged once, not once per scrape
+    assert value(down, "durable_agent_fleet_up") == 0
+    assert value(down, "durable_agent_passes_total", phase="actionable") == passes
+    assert not {name for name, _labels in down} & {
+        "durable_agent_hosts",
+        "durable_agent_hosts_armed",
+    }
+    logged = [r for r in caplog.records if r.name == "durable_agent.metrics"]
+    assert [getattr(r, "action", "") for r in logged] == ["metrics_fleet_down"]
+    assert "server closed the connection" in logged[0].getMessage()
+
+    back = scrape()
+    assert value(back, "durable_agent_fleet_up") == 1
+    assert value(back, "durable_agent_hosts") == 1
+    logged = [r for r in caplog.records if r.name == "durable_agent.metrics"]
+    assert [getattr(r, "action", "") for r in logged] == ["metrics_fleet_down", "metrics_fleet_up"]
 
 
 @pytest.mark.parametrize("hosts", [3, 30])
