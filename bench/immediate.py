@@ -90,7 +90,8 @@ def paced(count: int, rate: float, call: Callable[[int], None], outcome: Outcome
 def read_stamps(directory: str, prefix: str) -> dict[str, list[tuple[str, float]]]:
     """``<key> <what> <epoch>`` (agents) or ``<key> <epoch> <cluster>`` (the clock lane)."""
     stamps: dict[str, list[tuple[str, float]]] = defaultdict(list)
-    for path in Path(directory).glob(f"{prefix}*.log"):
+    pattern = "agent-*.log" if prefix == "agent" else "[0-9]*.log"  # bench/benchapp/lanes.py
+    for path in Path(directory).glob(pattern):
         for line in path.read_text().splitlines():
             parts = line.split()
             if prefix == "agent":
