@@ -32,6 +32,11 @@ the time between ``submit()`` returning and the agent's first line goes (stage b
 median over the passes), the spans of the pass, and the statements, commits and connection
 health checks of ``submit()`` and of the pass, by transaction. ``--py-spy out.txt`` samples
 the traced cluster with py-spy meanwhile (``raw`` collapsed stacks; ``.svg``: a flame graph).
+
+Two experiments, not recommended settings: ``--health-checks off`` runs every process without
+``CONN_HEALTH_CHECKS`` (what the ``SELECT 1`` before the first query of each piece of work
+costs); ``--synchronous-commit off`` sets it on the bench database (what waiting for the WAL
+flush of each writing commit costs).
 """
 
 from __future__ import annotations
@@ -285,8 +290,29 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="*", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--profile", type=int, default=20, help="traced submissions (0: none)")
     parser.add_argument("--py-spy", help="sample the traced cluster with py-spy into this file")
+    parser.add_argument(
+        "--health-checks",
+        choices=["on", "off"],
+        default="on",
+        help="the cluster's CONN_HEALTH_CHECKS (an experiment: off is not the recommended setting)",
+    )
+    parser.add_argument(
+        "--synchronous-commit",
+        choices=["on", "off"],
+        default="on",
+        help="the bench database's synchronous_commit (an experiment: what the WAL flushes cost)",
+    )
     args = parser.parse_args()
+    os.environ["BENCH_HEALTH_CHECKS"] = "1" if args.health_checks == "on" else "0"
     setup()
+    if args.synchronous_commit == "off":
+        from django.db import connection
+
+        with connection.cursor() as cursor:  # every later connection of the bench database
+            cursor.execute(
+                f'ALTER DATABASE "{connection.settings_dict["NAME"]}" SET synchronous_commit = off'
+            )
+        connection.close()
     runs = [run_all(args, run) for run in range(args.runs)] if args.scenarios else []
     rows = []
     for scenario in args.scenarios:

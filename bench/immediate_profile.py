@@ -116,12 +116,18 @@ def run_profile(args: argparse.Namespace) -> None:
         cluster_errors(outcome, exc)
     finally:
         os.environ.pop("BENCH_TRACE_DIR", None)
+    inline = inline_passes(hosts=8, stamps=stamps)
     lines = trace.load(traces)
     states = Submission.objects.filter(pk__in=returned).values_list("state", flat=True)
     outcome.errors["not settled"] += sum(1 for state in states if state != "settled")
     passes = attribute(lines, returned, by_host, read_stamps(stamps, "agent"))
     outcome.errors["no traced pass"] += len(returned) - len(passes)
     report(lines, passes, client_start)
+    table(
+        "Profile: the same pass run inline by the client, no cluster (run_pass; medians)",
+        ["what", "median ms", "max ms"],
+        inline,
+    )
     errors = {k: n for k, n in outcome.errors.items() if n}
     print(f"profile errors: {errors or 0}")
     shutil.rmtree(traces, ignore_errors=True)
@@ -251,6 +257,14 @@ def report(lines: list[Any], passes: list[Pass], client_start: float) -> None:
             sum(1 for ln in before if ln.kind in ("sql", "commit", "health"))
         )
         counts["commits before the agent"].append(sum(1 for ln in before if ln.kind == "commit"))
+        start = p.marks.get("held", p.fire.start)
+        waiting = sum(
+            ln.ms for ln in before if ln.kind in ("sql", "commit", "health") and ln.start >= start
+        )
+        counts["ms in statements, pass start -> agent"].append(waiting)
+        counts["ms elsewhere, pass start -> agent"].append(
+            (p.marks["agent"] - start) * 1000 - waiting
+        )
         counts["thread hand-offs before the agent (pool + runner)"].append(
             sum(1 for ln in before if ln.kind == "handoff" or ln.name == "pool.bounded_call")
         )
@@ -275,6 +289,16 @@ def report(lines: list[Any], passes: list[Pass], client_start: float) -> None:
         "Profile: per pass ('sql' excludes BEGIN and COMMIT)",
         ["what", "median", "min", "max"],
         [[k, med(v), min(v), max(v)] for k, v in counts.items()],
+    )
+    units: dict[str, list[float]] = defaultdict(list)
+    for p in passes:
+        for line in p.inside:
+            if line.kind in ("sql", "commit", "health", "handoff"):
+                units[line.kind].append(line.ms)
+    table(
+        "Profile: one unit inside the pass (every pass's lines pooled)",
+        ["unit", "count", "median ms", "p90 ms"],
+        [[kind, len(v), med(v), sorted(v)[int(len(v) * 0.9)]] for kind, v in sorted(units.items())],
     )
     table(
         "Profile: statements per alarm transaction of the pass",
@@ -432,3 +456,33 @@ def calibrate(rounds: int = 300) -> list[list[Any]]:
     ]
     pool.shutdown()
     return [[name, statistics.median(v), sorted(v)[int(len(v) * 0.9)]] for name, v in rows]
+
+
+def inline_passes(hosts: int, stamps: str) -> list[list[Any]]:
+    """``run_pass`` of one fresh submission called directly (traced client, no broker, no
+    worker): the pass's own cost to the agent's first line and in all."""
+    import durable_agent
+    from durable_agent.maintenance import run_pass
+
+    os.environ["BENCH_HANDLER_DIR"] = stamps
+    to_agent: list[float] = []
+    whole: list[float] = []
+    try:
+        for host in make_hosts("inline", hosts):
+            receipt = durable_agent.submit(
+                host=host, thread="t", agent="bench-immediate", payload={}
+            )
+            started = time.time()
+            run_pass(host)
+            whole.append((time.time() - started) * 1000)
+            stamp = [
+                t for what, t in read_stamps(stamps, "agent").get(str(receipt.submission_id), [])
+            ]
+            if stamp:
+                to_agent.append((min(stamp) - started) * 1000)
+    finally:
+        os.environ.pop("BENCH_HANDLER_DIR", None)
+    return [
+        ["run_pass start -> the agent's first line", statistics.median(to_agent), max(to_agent)],
+        ["run_pass in all", statistics.median(whole), max(whole)],
+    ]
