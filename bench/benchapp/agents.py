@@ -38,3 +38,32 @@ def soak_plain(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
 def soak_approval(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
     ctx.suspend_for_approval("soak operator")  # the soak's operators approve or abort it
     return _work(ctx, payload)
+
+
+# -- bench/immediate.py ----------------------------------------------------------------------
+# Each agent records the moment its first line runs (and, for the approval agent, the moment it
+# resumes past its approval) in ``BENCH_HANDLER_DIR``, one file per process and thread:
+# ``<submission id> <what> <epoch seconds>``.
+
+
+def _stamp(ctx: Any, what: str) -> None:
+    started = time.time()
+    directory = os.environ.get("BENCH_HANDLER_DIR")
+    if directory:
+        import threading
+
+        name = os.path.join(directory, f"agent-{os.getpid()}-{threading.get_ident()}.log")
+        with open(name, "a") as out:
+            out.write(f"{ctx.submission.pk} {what} {started:.6f}\n")
+
+
+@durable_agent.agent("bench-immediate", version="1")
+def bench_immediate(ctx: Any, payload: dict[str, Any]) -> None:
+    _stamp(ctx, "start")
+
+
+@durable_agent.agent("bench-approval", version="1")
+def bench_approval(ctx: Any, payload: dict[str, Any]) -> None:
+    _stamp(ctx, "start")
+    ctx.suspend_for_approval("bench")
+    _stamp(ctx, "resumed")

@@ -13,6 +13,10 @@ class BenchConfig(AppConfig):
             from bench import faults
 
             faults.install()  # error accounting in every process of the soak or a benchmark
+        if os.environ.get("BENCH_TRACE_DIR"):
+            from bench import trace
+
+            trace.install()  # bench/immediate.py --profile: spans and statements of each pass
         from bench.benchapp import agents  # noqa: F401  (registers the soak agents)
         from durable_agent import lanes
 

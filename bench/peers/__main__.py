@@ -1,7 +1,8 @@
 """Side by side with the peers: durable_agent and five other ways to run a task at a time.
 
     python -m bench.peers [--runs 3] [--only NAME ...] [--timers 500] [--spread 20]
-                          [--burst 1000] [--commit-ops 300] [--scenarios lateness burst commit]
+                          [--burst 1000] [--commit-ops 300] [--immediate 200]
+                          [--immediate-rate 20] [--scenarios lateness burst commit immediate]
 
 One invocation, one machine, one PostgreSQL database (``BENCH_DATABASE_URL``, dropped and
 created afresh); every system with two workers and its recommended settings
@@ -9,7 +10,11 @@ created afresh); every system with two workers and its recommended settings
 ``redis://127.0.0.1:6379/7``) and is skipped, with the reason printed, when none answers.
 
 Each system in turn: the commit scenario with no worker running, then its workers start and
-run ``--runs`` rounds of the lateness and burst scenarios, then stop. Each cell is the median
+run ``--runs`` rounds of the lateness, burst and immediate scenarios, then stop. Immediate:
+``--immediate`` tasks for now at ``--immediate-rate`` a second from one client, each enqueued
+in its own committed transaction; latency = the task's first statement minus the moment the
+enqueue call returned (durable_agent: ``gate.schedule(host, lane, now)``, and ``submit()`` of
+a trivial agent in rows of its own). Each cell is the median
 of the runs. Every error is counted and shown (a timer that never ran, ran twice, a task the
 system reports as failed, an ERROR logged by a worker process, a worker that died); nothing is
 retried. Shorter: ``--runs 1``, ``--only``, fewer ``--timers``/``--burst``, ``--spread 10``.
@@ -95,7 +100,7 @@ def run_system(column: Column, args: argparse.Namespace, logs: Path) -> None:
         for run in range(args.runs):
             column.add("commit", scenarios.commit(system, run, args.commit_ops))
         system.clean()  # the wake-ups scheduled an hour ahead must not reach the workers
-    live = [name for name in ("lateness", "burst") if name in args.scenarios]
+    live = [name for name in ("lateness", "burst", "immediate") if name in args.scenarios]
     if not live:
         return
     errors = tempfile.mkdtemp(prefix="bench-peers-")
@@ -111,6 +116,11 @@ def run_system(column: Column, args: argparse.Namespace, logs: Path) -> None:
                 column.add("lateness", outcome)
             if "burst" in live:
                 column.add("burst", scenarios.burst(system, run, args.burst, patience))
+            if "immediate" in live:
+                outcome = scenarios.immediate(
+                    system, run, args.immediate, args.immediate_rate, patience
+                )
+                column.add("immediate", outcome)
             print(f"{system.name}: run {run + 1} of {args.runs} done", flush=True)
     finally:
         if not wait_for(system.drained, timeout=DEFAULT_PATIENCE, interval=0.5):
@@ -156,6 +166,15 @@ def render(columns: list[Column], args: argparse.Namespace) -> None:
         ),
         ("lateness p99 ms", "lateness p99", "{:.0f}"),
         (f"burst: {args.burst} due at once, tasks/s", "burst rate", "{:.0f}"),
+        (
+            f"immediate: {args.immediate} at {args.immediate_rate:g}/s, enqueue -> task p50 ms "
+            "(durable_agent: gate.schedule now)",
+            "immediate p50",
+            "{:.1f}",
+        ),
+        ("immediate p99 ms", "immediate p99", "{:.1f}"),
+        ("durable_agent: submit() -> agent p50 ms", "immediate submit p50", "{:.1f}"),
+        ("durable_agent: submit() -> agent p99 ms", "immediate submit p99", "{:.1f}"),
         ("commit + wake-up / bare, p50 (durable_agent: new host)", "commit new ratio", "{:.2f}x"),
         ("durable_agent: an earlier wake-up", "commit earlier ratio", "{:.2f}x"),
         ("durable_agent: a later wake-up (coalesces)", "commit later ratio", "{:.2f}x"),
@@ -183,11 +202,13 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=20.0)
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--commit-ops", type=int, default=300)
+    parser.add_argument("--immediate", type=int, default=200, help="immediate tasks per run")
+    parser.add_argument("--immediate-rate", type=float, default=20.0, help="their rate per second")
     parser.add_argument(
         "--scenarios",
         nargs="+",
-        choices=["lateness", "burst", "commit"],
-        default=["lateness", "burst", "commit"],
+        choices=["lateness", "burst", "commit", "immediate"],
+        default=["lateness", "burst", "commit", "immediate"],
     )
     args = parser.parse_args()
     started = time.monotonic()

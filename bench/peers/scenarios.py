@@ -1,6 +1,7 @@
-"""The three scenarios of ``python -m bench.peers``, run against one system at a time.
+"""The scenarios of ``python -m bench.peers``, run against one system at a time.
 
-``lateness`` and ``burst`` need the system's workers running; ``commit`` runs with none.
+``lateness``, ``burst`` and ``immediate`` need the system's workers running; ``commit`` runs
+with none.
 Every timer must run exactly once: each scenario counts the timers that never ran, ran more
 than once, or ran under a key it never armed, and returns those counts with its figures.
 """
@@ -134,6 +135,42 @@ def burst(system: System, run: int, count: int, patience: float) -> Outcome:
         seconds = (last - due).total_seconds()
         outcome.figures = {"rate": len(done) / seconds, "seconds": seconds}
     _done(system)
+    return outcome
+
+
+def immediate(system: System, run: int, count: int, rate: float, patience: float) -> Outcome:
+    """``count`` tasks for now, ``rate`` a second from this one client, each enqueued in its own
+    committed transaction (``System.enqueue_now``): the task's first statement minus the moment
+    the enqueue call returned (ms). durable_agent runs it twice: ``gate.schedule(host, lane,
+    now)`` (figures ``p50``/``p99``) and ``durable_agent.submit()`` of a trivial agent
+    (``submit p50``/``submit p99``), a host per call (the bench.immediate ``hosts`` scenario)."""
+    outcome = Outcome()
+    variants = ["lane", "submit"] if isinstance(system, DurableAgent) else ["task"]
+    for variant in variants:
+        _clear(system, outcome)
+        keys = _keys(system, f"I{run}", count)
+        returned: dict[str, float] = {}
+        start = time.monotonic() + 0.05
+        for i, key in enumerate(keys):
+            pause = start + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            try:
+                system.enqueue_now(key, variant)
+            except Exception as exc:  # counted, never retried
+                outcome.errors[f"enqueue raised {type(exc).__name__}"] += 1
+                continue
+            returned[key] = time.time()
+        _wait(system, len(returned), timeout=patience)
+        rows = _collect(system, keys, outcome)
+        first: dict[str, float] = {}
+        for key, started, _ in sorted(rows, key=lambda row: row[1]):
+            first.setdefault(key, started)
+        values = [(first[key] - at) * 1000 for key, at in returned.items() if key in first]
+        prefix = "submit " if variant == "submit" else ""
+        outcome.figures[f"{prefix}p50"] = percentile(values, 50)
+        outcome.figures[f"{prefix}p99"] = percentile(values, 99)
+        _done(system)
     return outcome
 
 

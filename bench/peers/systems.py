@@ -48,6 +48,11 @@ class System:
         """Inside an open ``transaction.atomic``: schedule a wake-up for ``deadline``."""
         raise NotImplementedError
 
+    def enqueue_now(self, key: str, variant: str) -> None:
+        """Enqueue the task of timer ``key`` to run now, in its own committed transaction (the
+        immediate scenario); ``variant`` is ``task``, or durable_agent's ``lane``/``submit``."""
+        raise NotImplementedError
+
     def clean(self) -> None:
         """Delete the system's own queue rows (no worker of it is running)."""
 
@@ -147,6 +152,22 @@ class DurableAgent(System):
     def wake_up_in(self, key: str, deadline: datetime) -> None:  # pragma: no cover
         raise AssertionError("durable_agent's commit scenario uses gate.transaction")
 
+    def enqueue_now(self, key: str, variant: str) -> None:
+        """``gate.schedule(host, lane, now)`` (its own alarm transaction), or ``submit()`` of the
+        trivial agent ``peers-record`` (bench/peers/tasks.py) to the timer's host."""
+        from django.utils import timezone
+
+        import durable_agent
+        from bench.peers.tasks import AGENT, LANE
+        from durable_agent.maintenance import gate
+
+        if variant == "submit":
+            durable_agent.submit(
+                host=self.hosts[key], thread="t", agent=AGENT, payload={"key": key}
+            )
+        else:
+            gate.schedule(self.hosts[key], LANE, timezone.now())
+
     def failures(self) -> int:
         from django_q.models import Task
 
@@ -199,6 +220,14 @@ class DjangoQ(System):
             next_run=deadline,
         )
 
+    def enqueue_now(self, key: str, variant: str) -> None:
+        """``async_task`` (django-q2's ORM broker row, in the caller's transaction)."""
+        from django.db import transaction
+        from django_q.tasks import async_task
+
+        with transaction.atomic():
+            async_task(RECORD, self.system, key)
+
     def clean(self) -> None:
         from django_q.models import OrmQ, Schedule, Task
 
@@ -240,6 +269,15 @@ class Procrastinate(System):
         from bench.peers.tasks import procrastinate_record
 
         procrastinate_record.configure(schedule_at=deadline).defer(system=self.system, key=key)
+
+    def enqueue_now(self, key: str, variant: str) -> None:
+        """``defer`` with no schedule (its job row and NOTIFY, in the caller's transaction)."""
+        from django.db import transaction
+
+        from bench.peers.tasks import procrastinate_record
+
+        with transaction.atomic():
+            procrastinate_record.defer(system=self.system, key=key)
 
     def clean(self) -> None:
         from django.db import connection
@@ -310,6 +348,15 @@ class Celery(System):
 
         transaction.on_commit(lambda: celery_record.apply_async((self.system, key), eta=deadline))
 
+    def enqueue_now(self, key: str, variant: str) -> None:
+        """``apply_async`` with no ETA, sent when the caller's transaction commits."""
+        from django.db import transaction
+
+        from bench.peers.celery_app import celery_record
+
+        with transaction.atomic():
+            transaction.on_commit(lambda: celery_record.apply_async((self.system, key)))
+
     def clean(self) -> None:
         """Empty the queue and the unacknowledged messages (the ETA tasks) of our Redis db."""
         import redis
@@ -341,6 +388,15 @@ class DjangoTasks(System):
         from bench.peers.tasks import django_tasks_record
 
         django_tasks_record.using(run_after=deadline).enqueue(self.system, key)
+
+    def enqueue_now(self, key: str, variant: str) -> None:
+        """``enqueue`` with no ``run_after`` (its row, in the caller's transaction)."""
+        from django.db import transaction
+
+        from bench.peers.tasks import django_tasks_record
+
+        with transaction.atomic():
+            django_tasks_record.enqueue(self.system, key)
 
     def clean(self) -> None:
         from django_tasks_db.models import DBTaskResult
