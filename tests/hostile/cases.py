@@ -4,8 +4,9 @@ The hostile-agent suite (tests/hostile/test_hostile.py in-process, and
 tests/hostile/test_live_cluster.py through a live ``qcluster``) runs every case of
 :data:`CASES`; add a case here and both run it. Each agent and lane appends ``run <name>`` to
 the file named by ``HOSTILE_RUNS`` every time it runs: a count kept outside the database, so
-no rollback can hide a run. The live cluster imports this module through
-``tests.hostile.settings``; the test process registers the cases with :func:`register`.
+no rollback can hide a run. The live cluster registers them through its app
+(``tests.hostile.apps``, installed by ``tests.hostile.settings``); the test process registers
+them with :func:`register`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from django.apps import AppConfig
 
 from durable_agent import lanes
 from durable_agent.agents import registry
@@ -203,11 +202,3 @@ def register() -> None:
             registry.register(case.name, _agent(case), version="1")
         else:
             lanes.register(case.name, _lane(case))
-
-
-class HostileAgentsConfig(AppConfig):
-    name = "tests.hostile.cases"
-    label = "hostile_cases"
-
-    def ready(self) -> None:
-        register()

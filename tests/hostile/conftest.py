@@ -4,8 +4,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from ninja.testing import TestClient
 
 from durable_agent.agents import registry
+from durable_agent.api import router
+from durable_agent.api.tokens import issue_token
 from tests.hostile import cases
 
 
@@ -25,3 +30,18 @@ def hostile_cases() -> Iterator[None]:
     cases.register()
     yield
     registry.restore(saved)
+
+
+@pytest.fixture
+def operator() -> Client:
+    user = User.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="durable_agent"))
+    client = Client(raise_request_exception=True)
+    client.force_login(User.objects.get(pk=user.pk))
+    return client
+
+
+@pytest.fixture
+def api(db: None) -> tuple[TestClient, dict[str, str]]:
+    secret = issue_token(name="ops", scope="repair").secret
+    return TestClient(router), {"Authorization": f"Bearer {secret}"}

@@ -5,7 +5,7 @@ would show as a second run within seconds."""
 from project.settings import *  # noqa: F403
 from project.settings import DURABLE_AGENT, INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.hostile.cases.HostileAgentsConfig"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.hostile.apps.HostileCasesConfig"]
 DURABLE_AGENT = {
     **DURABLE_AGENT,
     "AGENT_LEASE_TTL_MS": 2_000,

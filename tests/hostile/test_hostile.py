@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
@@ -40,8 +39,6 @@ from ninja.testing import TestClient
 
 import durable_agent
 from durable_agent import conf
-from durable_agent.api import router
-from durable_agent.api.tokens import issue_token
 from durable_agent.maintenance import alarm, gate
 from durable_agent.models import Host, PassRecord, Submission
 from durable_agent.testing import FakeClock
@@ -51,21 +48,6 @@ from tests.qdrive import scheduler_clock
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SURFACES = ["task", "api", "admin", "command"]
-
-
-@pytest.fixture
-def operator() -> Client:
-    user = User.objects.create_user("operator", password="pw", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="durable_agent"))
-    client = Client(raise_request_exception=True)
-    client.force_login(User.objects.get(pk=user.pk))
-    return client
-
-
-@pytest.fixture
-def api(clock: FakeClock) -> tuple[TestClient, dict[str, str]]:
-    secret = issue_token(name="ops", scope="repair").secret
-    return TestClient(router), {"Authorization": f"Bearer {secret}"}
 
 
 def fire_due(clock: FakeClock) -> list[Task]:
