@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import connections
 from django_q.exceptions import TimeoutException
 
 import durable_agent
@@ -53,6 +54,9 @@ def attempt(host: Host, clock: FakeClock, reference: ReferenceRuntime, *, on_thr
             outcome.append(reference.process_thread_head(host, "t", later(clock)))
         except BaseException as exc:
             outcome.append(exc)
+        finally:
+            if on_thread:
+                connections.close_all()
 
     if on_thread:
         worker = threading.Thread(target=run)
