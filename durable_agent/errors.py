@@ -210,7 +210,7 @@ def is_stop(exc: BaseException) -> bool:
         SIGTERM at its default disposition: the process ends without any exception. A stop is
         never settled as an agent's failure nor turned into an ``Exception``; it propagates,
         and the attempt it interrupted is left to its lease (recovery takes it, as after a
-        crash). See docs/pass.md "Exceptions that are not Exceptions".
+        crash). See docs/pass.md "What code raises".
     """
     if threading.current_thread() is not threading.main_thread():
         return False
