@@ -132,7 +132,7 @@ class PassError(DurableAgentError):
     handles ``Exception`` handles it too; and by the alarm task ``fire_alarm``, so that
     django-q stores a failed pass's description, storable, whatever the failure's own
     ``__str__`` does. The message is the failure's description; the original is
-    ``__cause__`` (``run_pass``) or in the log (``fire_alarm``). See docs/pass.md
+    ``__cause__`` (``run_pass``), or ``__context__`` and the log (``fire_alarm``). See docs/pass.md
     "What code raises".
     """
 
