@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import io
+import json
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.core.management import CommandError, call_command
+from django.db import DataError, connections
 from django_q.exceptions import TimeoutException
 
 import durable_agent
@@ -228,3 +231,45 @@ def test_recovery_faults__a_runtime_s_diagnostic_is_stored_storable(
         "error": "BadStr",
         "message": "(the message of this BadStr could not be read: RuntimeError)",
     }
+
+
+def test_run_pass__a_database_error_is_recorded_without_its_statement(
+    host: Host, clock: FakeClock
+) -> None:
+    def lane(ctx: Any) -> None:
+        raise DataError(
+            "value too long for type character varying(8)\n"
+            "LINE 1: INSERT INTO \"secrets\" VALUES ('the agent''s payload')\n"
+            "DETAIL:  Failing row contains (the agent's payload)."
+        )
+
+    lanes.register("writes", lane)
+    gate.schedule(host, "writes", clock.now())
+    with pytest.raises(DataError):
+        run_pass(host)
+    assert PassRecord.objects.get(host=host, phase="failed").error == (
+        "DataError: value too long for type character varying(8)"
+    )
+
+
+def test_maintenance_pass__a_host_whose_lane_exits_is_reported_and_the_next_host_runs(
+    clock: FakeClock,
+) -> None:
+    def lane(ctx: Any) -> None:
+        raise SystemExit(3)
+
+    lanes.register("exits", lane)
+    exits, quiet = Host.objects.create(key="exits"), Host.objects.create(key="quiet")
+    gate.schedule(exits, "exits", clock.now())
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("maintenance_pass", "--host", "exits", "--host", "quiet", "--json", stdout=out)
+    result = json.loads(out.getvalue())
+    assert result["failed"] == 1
+    first, second = result["passes"]
+    assert (first["host"], first["ok"], first["error"]) == (
+        "exits",
+        False,
+        "PassError: SystemExit: 3",
+    )
+    assert (second["host"], second["ok"]) == (quiet.key, True)
