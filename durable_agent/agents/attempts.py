@@ -155,8 +155,9 @@ def _approval_requested(exc: BaseException) -> str | None:
         the attempt ``failed``, whatever its class: an ``Exception``, a ``SystemExit``, a
         ``KeyboardInterrupt`` raised by code, a group that mixes an approval with a failure.
         Only the process being stopped is not the agent's outcome (Note [A stop is not a
-        failure] in ``durable_agent/errors.py``): it leaves the
-        attempt to its lease and propagates.
+        failure] in ``durable_agent/errors.py``): it leaves the attempt to its lease and
+        propagates. Whatever is settled is described by ``transitions.error_of``, which never
+        raises and stores only storable text (Note [Storable text] in ``durable_agent/text.py``).
     """
     found = leaves(exc)
     if not all(isinstance(leaf, ApprovalRequested) for leaf in found):
