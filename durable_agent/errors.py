@@ -7,7 +7,12 @@ API error bodies; context travels as attributes.
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
+
+from django.db import Error as DatabaseError
+from django_q.exceptions import TimeoutException
 
 
 class DurableAgentError(Exception):
@@ -118,6 +123,103 @@ class PassFailed(ExceptionGroup[Exception]):
         return self.message
 
 
+class PassError(DurableAgentError):
+    """A maintenance pass failed; the host was re-armed with a backoff.
+
+    Raised in place of a failure that cannot travel on as it is: by ``run_pass`` when code it
+    ran (a lane, a signal receiver, the runtime) raised a ``BaseException`` that is not an
+    ``Exception`` (``SystemExit``, a ``BaseExceptionGroup``, ...), so that every caller that
+    handles ``Exception`` handles it too; and by the alarm task ``fire_alarm``, so that
+    django-q stores a failed pass's description, storable, whatever the failure's own
+    ``__str__`` does. The message is the failure's description; the original is
+    ``__cause__`` (``run_pass``), or ``__context__`` and the log (``fire_alarm``). See docs/pass.md
+    "What code raises".
+    """
+
+    code = "pass_failed"
+
+
 def _describe_failures(exceptions: list[Exception]) -> str:
-    parts = "; ".join(f"{type(exc).__name__}: {exc}" for exc in exceptions)
+    parts = "; ".join(describe_error(exc) for exc in exceptions)
     return f"{len(exceptions)} failures: {parts}"
+
+
+# Note [Describing an error]
+#     An error's text is read in one place, and reading it never raises: ``str()`` runs the
+#     exception's own ``__str__`` (agent or lane code, which may raise anything), so a failure
+#     of it is described by the exception's type name instead. A database error keeps only its
+#     first line, the server's primary message: the lines after it (PostgreSQL's ``LINE 1:``,
+#     ``DETAIL:`` and ``CONTEXT:``) quote the failed statement and its values. A group lists
+#     its leaves. The text may still hold what no database can store (a NUL character, a lone
+#     surrogate): whoever stores it passes it through ``durable_agent.text.storable``.
+
+#: Leaves of an exception group that its description lists.
+MAX_DESCRIBED_LEAVES = 5
+
+
+def type_name(exc: BaseException) -> str:
+    """The name of ``exc``'s type, never raising (Note [Describing an error])."""
+    try:
+        name = type(exc).__name__
+        if isinstance(name, str):
+            return str.__str__(name)
+    except BaseException:  # a hostile metaclass; the fallback says enough
+        pass
+    return "BaseException"
+
+
+def error_message(exc: BaseException) -> str:
+    """``str(exc)``, never raising (Note [Describing an error])."""
+    try:
+        text = str.__str__(str(exc))
+    except BaseException as failure:  # any __str__ may raise anything
+        return f"(the message of this {type_name(exc)} could not be read: {type_name(failure)})"
+    if isinstance(exc, DatabaseError):
+        text = text.strip().split("\n", 1)[0]
+    if isinstance(exc, BaseExceptionGroup) and type(exc).__str__ is BaseExceptionGroup.__str__:
+        leaves = [describe_error(leaf) for leaf in exc.exceptions[:MAX_DESCRIBED_LEAVES]]
+        more = len(exc.exceptions) - MAX_DESCRIBED_LEAVES
+        text = f"{text}: {'; '.join(leaves)}" + (f"; and {more} more" if more > 0 else "")
+    return text
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"TypeName: message"`` (or the type name alone), never raising (Note [Describing an
+    error]); what the pass records, logs and prints for a failure."""
+    name, message = type_name(exc), error_message(exc)
+    return f"{name}: {message}" if message else name
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an exception group holds, nested groups flattened; ``[exc]`` otherwise."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+
+
+def is_stop(exc: BaseException) -> bool:
+    """Is ``exc`` (or a leaf of it) the process being stopped, rather than code failing?
+
+    Note [A stop is not a failure]
+        Python delivers signals only to the main thread, so only there can an interruption
+        be a stop: django-q's ``TimeoutException`` (its task timeout, raised by SIGALRM), or a
+        ``KeyboardInterrupt`` while SIGINT has Python's default handler (Ctrl-C). Anything
+        else that is not an ``Exception`` was raised by code: a ``SystemExit`` from
+        ``sys.exit()``, a ``KeyboardInterrupt`` in a django-q worker (which ignores SIGINT)
+        or on a pass's pool thread, a ``BaseExceptionGroup``. django-q stops its workers with
+        SIGTERM at its default disposition: the process ends without any exception. A stop is
+        never settled as an agent's failure nor turned into an ``Exception``; it propagates,
+        and the attempt it interrupted is left to its lease (recovery takes it, as after a
+        crash). See docs/pass.md "What code raises".
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for leaf in leaves(exc):
+        if isinstance(leaf, TimeoutException):
+            return True
+        if (
+            isinstance(leaf, KeyboardInterrupt)
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            return True
+    return False

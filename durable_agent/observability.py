@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durable_agent import clock, signals
+from durable_agent.errors import describe_error
 
 if TYPE_CHECKING:
     from durable_agent.maintenance.passes.pass_records import PassReport
@@ -123,7 +124,7 @@ def pass_recorded(
             report.settled,
             report.recovered,
             report.alarm or "unchanged",
-            "" if error is None else f": {type(error).__name__}: {error}",
+            "" if error is None else f": {describe_error(error)}",
             extra=log_extra(
                 host,
                 phase=report.phase,

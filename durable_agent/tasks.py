@@ -10,10 +10,12 @@ from typing import Any
 from django.db.models import F, Q
 
 from durable_agent import clock, conf
-from durable_agent.errors import HostNotFound
+from durable_agent.errors import HostNotFound, PassError
 from durable_agent.maintenance import passes, retention
+from durable_agent.maintenance.passes.pass_records import MAX_PASS_ERROR_LENGTH
 from durable_agent.models import BindingRetry, DueLane, MaintenanceState
 from durable_agent.runtime import get_runtime
+from durable_agent.text import error_text
 
 logger = logging.getLogger("durable_agent.tasks")
 
@@ -23,6 +25,12 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
 
     At-least-once and idempotent: a stale, early or duplicate delivery changes nothing (the
     early-fire guard); a crashed delivery is redelivered by the broker and fenced the same way.
+
+    Raises:
+        PassError: the pass failed (it recorded itself and backed off). Its message is the
+            failure's storable description and its traceback is logged here: django-q formats
+            and stores what a task raised, and a failure's own ``__str__`` may raise or hold
+            what the database cannot store (docs/pass.md "What code raises").
     """
     when = datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline
     if when is None:  # a delivery without its deadline is guarded as if fired now
@@ -33,6 +41,9 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
     except HostNotFound:
         logger.warning("Alarm fired for host %s, which no longer exists", host_id)
         return {"host": None, "phase": "stale"}
+    except Exception as exc:
+        logger.error("The pass of host %s failed", host_id, exc_info=True)
+        raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
 
 
 def hold_until(deadline: datetime) -> None:

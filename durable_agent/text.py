@@ -10,6 +10,13 @@ Note [Storable text]
     ``durable_agent.agents.services.encode_json``, which applies the same check to every key
     and string they hold.
 
+    Text the runtime produces itself (an agent's or a lane's error, a recovery diagnostic, a
+    pass record's error, the reason of a failed alarm transaction) is not refused but made
+    storable by :func:`storable`, the one rule for it: each NUL and each surrogate becomes
+    U+FFFD (the replacement character) and the text is cut to the field's limit. Errors are
+    read with :func:`error_text`, which never raises (Note [Describing an error] in
+    ``durable_agent/errors.py``).
+
 Note [Blank text]
     A required reason or name must not be blank: nothing is left once Unicode whitespace
     *and* format characters (category Cf: zero-width space U+200B, word joiner U+2060, BOM
@@ -23,9 +30,48 @@ import re
 import unicodedata
 from typing import Any
 
-from durable_agent.errors import InvalidInput
+from durable_agent.errors import InvalidInput, describe_error
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+#: What :func:`storable` puts in place of a character no database can store.
+REPLACEMENT = "\ufffd"
+#: What :func:`storable` ends a cut text with.
+ELLIPSIS = "\u2026"
+
+
+def storable(value: str, *, limit: int) -> str:
+    """``value`` as every supported database can store it (Note [Storable text]).
+
+    Each NUL character and each surrogate becomes :data:`REPLACEMENT`; a text longer than
+    ``limit`` characters is cut to ``limit`` characters, the last one :data:`ELLIPSIS`. The
+    result is a plain ``str`` (never a subclass with behaviour of its own).
+    """
+    text = _UNSTORABLE.sub(REPLACEMENT, str.__str__(value))
+    if len(text) > limit:
+        text = text[: max(limit - 1, 0)] + ELLIPSIS
+    return text
+
+
+def error_text(exc: BaseException, *, limit: int) -> str:
+    """``"TypeName: message"`` of ``exc``, storable and at most ``limit`` characters; never
+    raises (Note [Storable text])."""
+    return storable(describe_error(exc), limit=limit)
+
+
+def storable_json(value: Any, *, limit: int = 2000) -> Any:
+    """A copy of the JSON value ``value`` whose keys and strings went through :func:`storable`
+    (each string cut to ``limit``); for diagnostics that code other than ours may fill."""
+    if isinstance(value, str):
+        return storable(value, limit=limit)
+    if isinstance(value, dict):
+        return {
+            storable(str(key), limit=limit): storable_json(item, limit=limit)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [storable_json(item, limit=limit) for item in value]
+    return value
 
 
 def unstorable(value: str) -> str | None:

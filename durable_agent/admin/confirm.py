@@ -23,6 +23,7 @@ from django.template.response import TemplateResponse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from durable_agent.errors import DurableAgentError
+from durable_agent.text import error_text
 
 logger = logging.getLogger("durable_agent.admin")
 
@@ -123,7 +124,7 @@ def _run_one(
             raise
         logger.exception("Admin action %s failed on %s", confirmation.action, label)
         modeladmin.message_user(
-            request, f"{label}: failed with {type(exc).__name__}: {exc}", messages.ERROR
+            request, f"{label}: failed with {error_text(exc, limit=2000)}", messages.ERROR
         )
     else:
         modeladmin.message_user(request, message, messages.SUCCESS)

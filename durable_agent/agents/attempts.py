@@ -17,16 +17,21 @@ from typing import Any
 
 from durable_agent import clock, signals
 from durable_agent.agents import leases, registry, transitions
-from durable_agent.agents.context import AgentContext, ApprovalRequested
+from durable_agent.agents.context import (
+    MAX_APPROVAL_REASON_LENGTH,
+    AgentContext,
+    ApprovalRequested,
+)
 from durable_agent.agents.errors import InvalidPayload, TransactionMisuse
 from durable_agent.agents.services import encode_json
-from durable_agent.errors import BindingUnavailable
+from durable_agent.errors import BindingUnavailable, is_stop, leaves
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Settlement
+from durable_agent.text import unstorable
 
 logger = logging.getLogger("durable_agent.agents")
 
@@ -116,24 +121,55 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
         try:
             result = _call_agent(spec.fn, ctx, head.payload)
             encode_json(result, what="result")
-        except ApprovalRequested as request:
-            approval = request.reason
-        except InvalidPayload as exc:
-            failure = exc
-        except Exception as exc:
-            logger.warning(
-                "Agent %r failed on submission %s",
-                head.agent,
-                head.pk,
-                exc_info=True,
-                extra=log_extra(
-                    host, thread_key=thread, submission_id=head.pk, action="agent_failed"
-                ),
-            )
-            failure = exc
+        except BaseException as exc:  # Note [What an agent raises]
+            if is_stop(exc):
+                raise
+            approval = _approval_requested(exc)
+            if approval is None:
+                failure = exc
+                if not isinstance(exc, InvalidPayload):
+                    logger.warning(
+                        "Agent %r failed on submission %s",
+                        head.agent,
+                        head.pk,
+                        exc_info=True,
+                        extra=log_extra(
+                            host, thread_key=thread, submission_id=head.pk, action="agent_failed"
+                        ),
+                    )
     if approval is not None:
         return _suspend(host, head, owner, approval)
     return _settle(host, head, owner, result=result, failure=failure)
+
+
+def _approval_requested(exc: BaseException) -> str | None:
+    """The reason of the approval ``exc`` asks for, or None when it is a failure.
+
+    Note [What an agent raises]
+        Whatever agent code raises ends its attempt once. ``ApprovalRequested`` (the runtime's
+        control flow) suspends it, also when it arrives inside exception groups, as
+        ``asyncio.TaskGroup`` and anyio raise it: a group whose leaves all ask for approval
+        asks for the first one's reason (once approved, the agent runs again and asks for the
+        next). An ``ApprovalRequested`` the agent made itself, with a reason that
+        ``ctx.suspend_for_approval`` would have refused, is a failure. Anything else settles
+        the attempt ``failed``, whatever its class: an ``Exception``, a ``SystemExit``, a
+        ``KeyboardInterrupt`` raised by code, a group that mixes an approval with a failure.
+        Only the process being stopped is not the agent's outcome (Note [A stop is not a
+        failure] in ``durable_agent/errors.py``): it leaves the attempt to its lease and
+        propagates. Whatever is settled is described by ``transitions.error_of``, which never
+        raises and stores only storable text (Note [Storable text] in ``durable_agent/text.py``).
+    """
+    found = leaves(exc)
+    if not all(isinstance(leaf, ApprovalRequested) for leaf in found):
+        return None
+    reason = getattr(found[0], "reason", None)
+    if (
+        type(reason) is not str
+        or not 1 <= len(reason) <= MAX_APPROVAL_REASON_LENGTH
+        or unstorable(reason) is not None
+    ):
+        return None
+    return reason
 
 
 def _call_agent(fn: registry.AgentFunction, ctx: AgentContext, payload: Any) -> Any:

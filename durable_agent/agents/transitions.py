@@ -23,7 +23,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from durable_agent.errors import error_message, type_name
 from durable_agent.models import SubmissionOutcome, SubmissionState
+from durable_agent.text import storable
+
+#: The longest ``message`` a failed submission's ``error`` keeps.
+MAX_ERROR_MESSAGE_LENGTH = 2000
+#: The longest ``type`` a failed submission's ``error`` keeps.
+MAX_ERROR_TYPE_LENGTH = 200
 
 
 def settled(
@@ -78,5 +85,9 @@ def suspended(reason: str, now: datetime) -> dict[str, Any]:
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
-    """The ``error`` of an agent that raised: its type and message (no traceback)."""
-    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    """The ``error`` of an agent that raised: its type and message (no traceback), storable
+    whatever the agent raised (Note [Storable text] in ``durable_agent/text.py``)."""
+    return {
+        "type": storable(type_name(exc), limit=MAX_ERROR_TYPE_LENGTH),
+        "message": storable(error_message(exc), limit=MAX_ERROR_MESSAGE_LENGTH),
+    }

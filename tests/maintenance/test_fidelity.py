@@ -182,7 +182,7 @@ def test_failures__a_pass_raises_and_records_every_failure(
     admin's host page shows too) lists both (docs/pass.md, "Failures: rearm_failure, then
     re-raise")."""
     from durable_agent.api.schemas import PassRecordOut
-    from durable_agent.errors import AlarmError, PassFailed
+    from durable_agent.errors import AlarmError, PassError, PassFailed
     from durable_agent.models import PassRecord
 
     runtime.submit(host, "t1", behaviour="raise")
@@ -193,10 +193,13 @@ def test_failures__a_pass_raises_and_records_every_failure(
     lanes.register("outbox", slow, allowance_ms=1_000)
     gate.schedule(host, "outbox", clock.now())
 
-    with pytest.raises(PassFailed) as caught:
+    with pytest.raises(PassError) as caught:  # the task's storable stand-in (docs/pass.md)
         fire(clock)
 
-    first, second = caught.value.exceptions
+    failed = caught.value.__context__
+    assert isinstance(failed, PassFailed)
+    assert str(caught.value) == f"PassFailed: {failed}"
+    first, second = failed.exceptions
     assert isinstance(first, RuntimeError)
     assert isinstance(second, AlarmError)
     assert second.operation == "host dispatch allowance"

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import clock
+from durable_agent.errors import error_message, type_name
 from durable_agent.maintenance import backoff, failpoints, work_cursors
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
 from durable_agent.maintenance.lanes.pool import RecoveryTimeout, bounded_call
@@ -26,6 +27,7 @@ from durable_agent.maintenance.types import EPOCH, Checkpoint
 from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
+from durable_agent.text import storable, storable_json
 
 if TYPE_CHECKING:
     from durable_agent.models import Host
@@ -65,7 +67,10 @@ def failure_of(exc: BaseException, *, phase: str, operation: str) -> dict[str, A
             else "failure"
         ),
         "operation": operation,
-        "diagnostic": {"error": type(exc).__name__, "message": str(exc)[:300]},
+        "diagnostic": {
+            "error": storable(type_name(exc), limit=200),
+            "message": storable(error_message(exc), limit=300),
+        },
     }
 
 
@@ -116,8 +121,8 @@ def record_recovery_faults(
         threads[report.thread] = None
     for work_report in sweep.work_reports or ():
         threads[work_report.thread] = None
-    for blocked in sweep.blocked:
-        threads[blocked.thread] = blocked.failure
+    for blocked in sweep.blocked:  # a runtime's own diagnostic: made storable
+        threads[blocked.thread] = storable_json(blocked.failure)
     if not threads:
         return {}
     now = clock.now()

@@ -17,6 +17,10 @@ from durable_agent import clock, conf, observability
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.passes.ensure import report_parked
 from durable_agent.models import Host, PassRecord
+from durable_agent.text import error_text
+
+#: The longest ``error`` a ``PassRecord`` keeps.
+MAX_PASS_ERROR_LENGTH = 2000
 
 logger = logging.getLogger("durable_agent.maintenance")
 log_extra = observability.log_extra
@@ -87,7 +91,7 @@ def write_record(
         settled=report.settled,
         alarm=report.alarm,
         generation=report.generation,
-        error="" if error is None else f"{type(error).__name__}: {error}"[:2000],
+        error="" if error is None else error_text(error, limit=MAX_PASS_ERROR_LENGTH),
         deadline=deadline,
         lateness_ms=report.lateness_ms,
     )

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from durable_agent import clock, conf, observability
-from durable_agent.errors import HostNotFound, PassFailed
+from durable_agent.errors import HostNotFound, PassError, PassFailed, is_stop
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, RECOVERY_EVENTS
 from durable_agent.maintenance.lanes.native.state import NativeResult, Started
@@ -45,7 +45,13 @@ from durable_agent.maintenance.passes.finish import (
     rearm_failure,
     settle_alarm,
 )
-from durable_agent.maintenance.passes.pass_records import PassReport, record, recorded, write_record
+from durable_agent.maintenance.passes.pass_records import (
+    MAX_PASS_ERROR_LENGTH,
+    PassReport,
+    record,
+    recorded,
+    write_record,
+)
 from durable_agent.maintenance.passes.pass_waves import (
     admit_waves,
     after_native,
@@ -59,6 +65,7 @@ from durable_agent.maintenance.store.transactions import resolve_host_id, run_al
 from durable_agent.maintenance.types import EPOCH, Checkpoint, Lane
 from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
 from durable_agent.runtime import Runtime, get_runtime
+from durable_agent.text import error_text
 
 logger = logging.getLogger("durable_agent.maintenance")
 log_extra = observability.log_extra
@@ -76,10 +83,17 @@ def run_pass(
             later, or with nothing due, returns phase ``stale`` and runs nothing.
 
     Raises:
-        Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery.
+        Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery; a
+        failure that is not an ``Exception`` as a :class:`PassError`, unless it is the
+        process being stopped (Note [A stop is not a failure] in ``durable_agent/errors.py``).
     """
     with observability.span("durable_agent.pass") as current:
-        report = _run_pass(host, deadline=deadline, guard=guard)
+        try:
+            report = _run_pass(host, deadline=deadline, guard=guard)
+        except BaseException as exc:
+            if isinstance(exc, Exception) or is_stop(exc):
+                raise
+            raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from exc
         current.set_attribute("durable_agent.host_key", report.host)
         current.set_attribute("durable_agent.phase", report.phase)
         return report

@@ -31,14 +31,20 @@ from typing import Any, TypeVar
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from durable_agent import clock, conf
-from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound
+from durable_agent.errors import (
+    AlarmError,
+    DurableAgentError,
+    HostNotFound,
+    error_message,
+    type_name,
+)
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.rows import lock_state_row, update_where
 from durable_agent.maintenance.store.slot import apply_checkpoint, slot_deadline
 from durable_agent.maintenance.types import Checkpoint
 from durable_agent.models import Host, MaintenanceState
-from durable_agent.text import unstorable
+from durable_agent.text import storable, unstorable
 
 logger = logging.getLogger("durable_agent.maintenance")
 
@@ -233,5 +239,7 @@ def _flush_state(state: MaintenanceState, before: dict[str, Any], operation: str
 
 
 def _safe_message(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return text[:500] or f"{type(exc).__name__} without a diagnostic"
+    """The first line of ``exc``'s message, storable (Note [Storable text])."""
+    text = error_message(exc).strip()
+    text = text.splitlines()[0] if text else ""
+    return storable(text, limit=500) or f"{type_name(exc)} without a diagnostic"

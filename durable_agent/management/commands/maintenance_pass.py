@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agent.maintenance.passes import run_pass
 from durable_agent.maintenance.store.selectors import hosts_for_pass
+from durable_agent.text import error_text
 
 
 class Command(BaseCommand):
@@ -56,7 +57,7 @@ class Command(BaseCommand):
             except Exception as exc:
                 failed += 1
                 results.append(
-                    {"host": host.key, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                    {"host": host.key, "ok": False, "error": error_text(exc, limit=2000)}
                 )
                 continue
             results.append({"ok": True, **report.as_dict()})
