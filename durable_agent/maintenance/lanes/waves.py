@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from durable_agent import clock, conf, observability
+from durable_agent import clock, observability
 from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
 from durable_agent.maintenance.lanes.lane_registry import LaneSpec, handler
-from durable_agent.maintenance.mutations import gate
 from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, Lane, LaneContext
-from durable_agent.models import Host, MaintenanceState
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.maintenance.types import Lane, LaneContext
+from durable_agent.models import Host
 
 logger = logging.getLogger("durable_agent.maintenance")
 ALLOWANCE_MESSAGE = "The admitted host wave exceeded its allowance; durable work remains pending"
@@ -81,8 +80,8 @@ def run_queued(
     """
     now = clock.now()
 
-    def charge(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Lane | None:
-        return charge_in(state, queue, checkpoint, row, now)
+    def charge(tx: AlarmTx) -> Lane | None:
+        return charge_in(tx, row, now)
 
     claimed = run_alarm_transaction(host, "charge maintenance attempt", charge)
     if claimed is None:
@@ -95,13 +94,11 @@ def run_queued(
     return True, outcome
 
 
-def charge_in(
-    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, row: Lane, now: datetime
-) -> Lane | None:
+def charge_in(tx: AlarmTx, row: Lane, now: datetime) -> Lane | None:
     """Claim ``row`` and arm the slot within the lease, inside an alarm transaction (Note
     [Charge before fallible work]); None when the lane moved or is not due."""
-    claimed = queue.claim(row, now)
-    arm_within_lease(state, queue, checkpoint, now)
+    claimed = tx.queue.claim(row, now)
+    tx.arm_within_lease(now)
     return claimed
 
 
@@ -160,29 +157,14 @@ def complete_wave(
     """Complete a claimed wave in its own alarm transaction (backing it off after a failure)."""
     jitter = clock.random()
 
-    def complete(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> int | None:
-        return complete_in(queue, claimed, outcome, failure, gate.active_lanes(host), jitter)
+    def complete(tx: AlarmTx) -> int | None:
+        producing = tx.producing_lanes(clock.now())[1]
+        return complete_in(tx.queue, claimed, outcome, failure, producing, jitter)
 
     revision = run_alarm_transaction(host, "complete maintenance wave", complete)
     if revision is not None:
         with observed.lock:
             observed.available[claimed.lane] = revision
-
-
-def arm_within_lease(
-    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, now: datetime
-) -> None:
-    """Arm the slot at the earliest lane deadline, but while a pass lease is live no later than
-    its expiry: a pass that dies mid-way is retried within the lease TTL (docs/pass.md)."""
-    earliest = queue.next()
-    target = None if earliest is None else max(now + conf.minimum_alarm_delay(), earliest)
-    lease_end = state.pass_lease_expires_at
-    if state.pass_lease_owner and lease_end is not None and lease_end > now:
-        target = lease_end if target is None else min(target, lease_end)
-    if target is None:
-        checkpoint.cancel()
-    else:
-        checkpoint.at(target)
 
 
 def run_wave(

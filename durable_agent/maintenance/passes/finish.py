@@ -17,11 +17,12 @@ from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.lanes.native.state import NativeResult
 from durable_agent.maintenance.lanes.waves import Observation
 from durable_agent.maintenance.passes import lease
-from durable_agent.maintenance.store.alarm import retry_deadline
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import Host, MaintenanceState, MutationTicket
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    no_sooner_than_minimum,
+    run_alarm_transaction,
+)
+from durable_agent.models import Host
 
 
 def _deadline_message() -> str:
@@ -44,13 +45,10 @@ def finish(
     """
     failpoints.hit("maintenance:finish:before")
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> tuple[str, bool]:
-        lease.release_in(state, taken)
+    def fn(tx: AlarmTx) -> tuple[str, bool]:
+        lease.release_in(tx.state, taken)
         now = clock.now()
-        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
-        return settle_alarm(
-            state, queue, checkpoint, observed.generation, result.next_at, active, now
-        )
+        return settle_alarm(tx, observed.generation, result.next_at, tx.live_ticket_count(now), now)
 
     disposition = run_alarm_transaction(host, "finish maintenance event", fn)
     failpoints.hit("maintenance:finish:after")
@@ -58,9 +56,7 @@ def finish(
 
 
 def settle_alarm(
-    state: MaintenanceState,
-    queue: DueQueue,
-    checkpoint: Checkpoint,
+    tx: AlarmTx,
     generation: int | None,
     next_at: datetime | None,
     active: int,
@@ -68,12 +64,13 @@ def settle_alarm(
 ) -> tuple[str, bool]:
     """The finish decision inside an alarm transaction: ``rearmed`` or ``cleared``, and whether
     a parked lane waits for its notice (docs/pass.md, step 4)."""
+    state, queue = tx.state, tx.queue
     parked = any(row.parked and not row.reported for row in queue.read())
     delay = conf.minimum_alarm_delay()
     if active > 0 or state.dirty > state.processed:
-        retry_at = retry_deadline(state)
+        retry_at = tx.retry_deadline()
         if retry_at is not None and active == 0:
-            native: datetime | None = max(now + delay, retry_at)
+            native: datetime | None = no_sooner_than_minimum(retry_at, now)
         elif state.dirty == generation and active == 0:
             native = next_at or now + delay
         else:
@@ -81,12 +78,7 @@ def settle_alarm(
     else:
         native = None
     queue.checkpoint_native(native)
-    earliest = queue.next()
-    if earliest is not None:
-        checkpoint.at(max(now + delay, earliest))
-        return "rearmed", parked
-    checkpoint.cancel()
-    return "cleared", parked
+    return ("cleared" if tx.arm_at_earliest(now) is None else "rearmed"), parked
 
 
 def rearm_failure(host: Host, observed: Observation) -> None:
@@ -99,21 +91,10 @@ def rearm_failure(host: Host, observed: Observation) -> None:
     jitter = clock.random()
     delay = conf.minimum_alarm_delay()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
-        matches = state.retry_generation is not None and state.retry_generation == generation
-        if matches and state.retry_native_only:
-            pass  # a native-only retry is kept unchanged
-        else:
-            previous = matches and bool(state.retry_native_only) == native_only
-            prev_stalls = (state.retry_stalls or 0) if previous else 0
-            prev_floor = state.retry_not_before if previous else None
-            floor = now + timedelta(milliseconds=backoff.backoff_delay_ms(prev_stalls, jitter))
-            state.retry_generation = generation
-            state.retry_not_before = max(prev_floor or floor, floor)
-            state.retry_native_only = native_only
-            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, prev_stalls + 1)
-        native_deadline = state.retry_not_before or now + delay
+    def fn(tx: AlarmTx) -> None:
+        state, queue = tx.state, tx.queue
+        active = tx.live_ticket_count(now)
+        native_deadline = tx.back_off_failure(generation, native_only, now, jitter) or now + delay
         if active > 0 or state.dirty != generation:
             native_deadline = now + delay
         queue.checkpoint_native(
@@ -131,11 +112,7 @@ def rearm_failure(host: Host, observed: Observation) -> None:
                     charged,
                     now + timedelta(milliseconds=backoff.backoff_delay_ms(charged.stalls, jitter)),
                 )
-        earliest = queue.next()
-        if earliest is None:
-            checkpoint.cancel()
-        else:
-            checkpoint.at(max(now + delay, earliest))
+        tx.arm_at_earliest(now)
 
     run_alarm_transaction(host, "back off failed maintenance", fn)
     failpoints.hit("maintenance:retry:after")

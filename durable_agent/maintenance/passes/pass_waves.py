@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from durable_agent import clock, conf, observability
+from durable_agent import clock, observability
 from durable_agent.maintenance.lane_ids import PUBLICATION
 from durable_agent.maintenance.lanes import lane_registry
 from durable_agent.maintenance.lanes.pool import Executor
@@ -27,9 +27,12 @@ from durable_agent.maintenance.lanes.waves import (
     validate_lanes,
 )
 from durable_agent.maintenance.mutations import gate
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, Lane
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    no_sooner_than_minimum,
+    run_alarm_transaction,
+)
+from durable_agent.maintenance.types import Lane
 from durable_agent.models import Host, MaintenanceState
 
 
@@ -65,7 +68,7 @@ def publication_barrier(
         return None
     if row.parked or row.due_at is None:
         return PublicationPending(None)
-    return PublicationPending(max(clock.now() + conf.minimum_alarm_delay(), row.due_at))
+    return PublicationPending(no_sooner_than_minimum(row.due_at, clock.now()))
 
 
 def admit_waves(
@@ -182,8 +185,8 @@ def after_native(
             continue
 
         def admit(lane: str = spec.lane) -> None:
-            def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-                state.last_after_native_lane = lane
+            def fn(tx: AlarmTx) -> None:
+                tx.state.last_after_native_lane = lane
 
             run_alarm_transaction(host, "admit after-native wave", fn)
 

@@ -21,13 +21,12 @@ from datetime import datetime, timedelta
 from durable_agent import clock, conf, observability
 from durable_agent.errors import HostNotFound, PassError, PassFailed, is_stop
 from durable_agent.maintenance import failpoints
-from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, RECOVERY_EVENTS
+from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
 from durable_agent.maintenance.lanes.native.state import NativeResult, Started
 from durable_agent.maintenance.lanes.native.step import NativeStep
 from durable_agent.maintenance.lanes.pool import Executor
 from durable_agent.maintenance.lanes.waves import (
     Observation,
-    arm_within_lease,
     charge_in,
     join,
     observe_claim,
@@ -59,11 +58,13 @@ from durable_agent.maintenance.passes.pass_waves import (
     refill_waves,
 )
 from durable_agent.maintenance.passes.short_paths import Begun, one_wave, short_path
-from durable_agent.maintenance.store.alarm import retry_deadline
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import resolve_host_id, run_alarm_transaction
-from durable_agent.maintenance.types import EPOCH, Checkpoint, Lane
-from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    resolve_host_id,
+    run_alarm_transaction,
+)
+from durable_agent.maintenance.types import EPOCH, Lane
+from durable_agent.models import Host, PassPhase
 from durable_agent.runtime import Runtime, get_runtime
 from durable_agent.text import error_text
 
@@ -269,23 +270,16 @@ def _begin(
     failpoints.hit("maintenance:begin:before")
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Begun:
-        taken = lease.take(state, queue, checkpoint, now, fired_for=fired_for)
+    def fn(tx: AlarmTx) -> Begun:
+        state, queue = tx.state, tx.queue
+        taken = lease.take(tx, now, fired_for=fired_for)
         if not isinstance(taken, lease.Lease):
             return Begun(taken, state.host)
-        tickets = list(
-            MutationTicket.objects.filter(host_id=state.host_id)
-            .live(now=now)
-            .values_list("lanes", flat=True)
-        )
-        active = len(tickets)
-        producing = frozenset(lane for lanes in tickets for lane in lanes)
-        read_current_state(state, queue, runtime)
-        register_framework_lanes(queue)
-        if state.has_recovery_events and queue.find(RECOVERY_EVENTS) is None:
-            queue.dirty(RECOVERY_EVENTS, now)
+        active, producing = tx.producing_lanes(now)
+        read_current_state(tx, runtime)
+        register_framework_lanes(tx, now)
         observed.generation = state.dirty
-        retry_at = retry_deadline(state) or EPOCH
+        retry_at = tx.retry_deadline() or EPOCH
         native = queue.find(NATIVE)
         publication = queue.find(PUBLICATION)
         if active == 0 and native is not None:
@@ -299,9 +293,7 @@ def _begin(
                 return begun
             if not isinstance(plan, tuple):  # NOTHING
                 lease.release_in(state, taken)
-                alarm, begun.parked = settle_alarm(
-                    state, queue, checkpoint, observed.generation, None, active, now
-                )
+                alarm, begun.parked = settle_alarm(tx, observed.generation, None, active, now)
                 begun.finished = PassReport(
                     host=state.host.key,
                     phase=PassPhase.CAUGHT_UP.value,
@@ -313,7 +305,7 @@ def _begin(
                 write_record(state.host, started_at, begun.finished, deadline=deadline)
                 return begun
             spec, row = plan
-            claimed = charge_in(state, queue, checkpoint, row, now)
+            claimed = charge_in(tx, row, now)
             if claimed is not None:
                 begun.wave = (spec, claimed, now)
             return begun
@@ -335,7 +327,7 @@ def _begin(
             return quick()
         observed.queue[NATIVE] = charged
         observed.charged[NATIVE] = charged.revision
-        arm_within_lease(state, queue, checkpoint, now)
+        tx.arm_within_lease(now)
         started = Started(
             True, state.dirty, state.nonterminal, active, charged.revision, charged.stalls
         )

@@ -30,10 +30,9 @@ from durable_agent.maintenance.lanes.waves import (
 from durable_agent.maintenance.passes import lease
 from durable_agent.maintenance.passes.finish import check_deadline, settle_alarm
 from durable_agent.maintenance.passes.pass_records import PassReport, write_record
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, Lane, LaneContext
-from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.maintenance.types import Lane, LaneContext
+from durable_agent.models import Host, PassPhase
 
 
 @dataclass
@@ -154,21 +153,12 @@ def one_wave(
     jitter = clock.random()
     nonterminal = begun.started.nonterminal
 
-    def fn(
-        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
-    ) -> tuple[int | None, PassReport, bool]:
+    def fn(tx: AlarmTx) -> tuple[int | None, PassReport, bool]:
         now = clock.now()
-        tickets = list(
-            MutationTicket.objects.filter(host_id=state.host_id)
-            .live(now=now)
-            .values_list("lanes", flat=True)
-        )
-        producing = frozenset(lane for lanes in tickets for lane in lanes)
-        revision = complete_in(queue, claimed, outcome, None, producing, jitter)
-        lease.release_in(state, taken)
-        alarm, parked = settle_alarm(
-            state, queue, checkpoint, observed.generation, None, len(tickets), now
-        )
+        active, producing = tx.producing_lanes(now)
+        revision = complete_in(tx.queue, claimed, outcome, None, producing, jitter)
+        lease.release_in(tx.state, taken)
+        alarm, parked = settle_alarm(tx, observed.generation, None, active, now)
         report = PassReport(
             host=host.key,
             phase=PassPhase.CAUGHT_UP.value,
@@ -177,7 +167,7 @@ def one_wave(
             generation=observed.generation,
             lateness_ms=lateness,
         )
-        write_record(state.host, started_at, report, deadline=deadline)
+        write_record(tx.host, started_at, report, deadline=deadline)
         return revision, report, parked
 
     revision, report, parked = run_alarm_transaction(host, "finish maintenance event", fn)

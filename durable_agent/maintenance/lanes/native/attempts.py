@@ -14,10 +14,8 @@ from durable_agent.maintenance.lanes.native.observe import View
 from durable_agent.maintenance.lanes.native.state import NativeState
 from durable_agent.maintenance.lanes.recovery import recover_thread
 from durable_agent.maintenance.mutations import gate
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import BindingRetry, MaintenanceState
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.models import BindingRetry
 from durable_agent.observability import log_extra
 from durable_agent.runtime import WorkItem
 
@@ -54,8 +52,8 @@ def submit_attempt(step: NativeState, head: WorkItem, waits: list[BindingRetry])
 def recover_backlog_thread(step: NativeState, thread: str) -> None:
     """Old-work recovery: the cursor is persisted before the work (a crash moves on)."""
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-        state.last_recovered_thread = thread
+    def fn(tx: AlarmTx) -> None:
+        tx.state.last_recovered_thread = thread
 
     failpoints.hit("maintenance:select:before")
     run_alarm_transaction(step.host, "advance recovery cursor", fn)
@@ -101,11 +99,11 @@ def record_binding_wait(
     now = clock.now()
     key = step.runtime.binding_registry_key()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-        BindingRetry.objects.filter(host_id=state.host_id, submission=head.submission).delete()
+    def fn(tx: AlarmTx) -> None:
+        BindingRetry.objects.filter(host_id=tx.host_id, submission=head.submission).delete()
         if parked:
             BindingRetry.objects.create(
-                host_id=state.host_id,
+                host_id=tx.host_id,
                 thread=head.thread,
                 submission=head.submission,
                 attempts=min(backoff.MAX_RETRY_STALLS, (previous.attempts if previous else 0) + 1),

@@ -20,11 +20,8 @@ from durable_agent import clock, conf
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lanes.native.observe import observe, skipped
 from durable_agent.maintenance.lanes.native.state import NativeResult, NativeState
-from durable_agent.maintenance.store.alarm import clear_retry
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import BindingRetry, MaintenanceState, MutationTicket
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.models import BindingRetry
 from durable_agent.runtime import WorkItem
 
 
@@ -77,8 +74,9 @@ def checkpoint(step: NativeState) -> NativeResult:
     delay = timedelta(milliseconds=max(ordinary, retry_ms))
     remaining_ids = {item.submission for item in remaining}
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
-        active = _live_tickets(state.host_id, now)
+    def fn(tx: AlarmTx) -> datetime | None:
+        state = tx.state
+        active = tx.live_ticket_count(now)
         overlap = started.active_at_start > 0 or active > 0
         generation = (
             view.scanned_generation
@@ -91,23 +89,20 @@ def checkpoint(step: NativeState) -> NativeResult:
         if not (autonomous or overlap):
             state.processed = max(state.processed, generation)
         can_backoff = not overlap and state.dirty == started.generation
-        clear_retry(state)
+        tx.clear_retry()
         state.nonterminal = len(remaining)
-        BindingRetry.objects.filter(host_id=state.host_id).exclude(
+        BindingRetry.objects.filter(host_id=tx.host_id).exclude(
             submission__in=remaining_ids
         ).delete()
         if autonomous and not progressed and can_backoff:
-            state.retry_generation = started.generation
-            state.retry_not_before = now + delay
-            state.retry_native_only = True
-            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, started.stalls + 1)
+            tx.back_off_native(started.generation, now + delay, started.stalls)
         if autonomous:
             due: datetime | None = now + (delay if can_backoff else _min_delay())
         elif overlap or state.dirty > state.processed:
             due = now + _min_delay()
         else:
             due = None
-        queue.checkpoint_native(due)
+        tx.queue.checkpoint_native(due)
         return due
 
     failpoints.hit("maintenance:checkpoint:before")
@@ -118,7 +113,3 @@ def checkpoint(step: NativeState) -> NativeResult:
 
 def _min_delay() -> timedelta:
     return conf.minimum_alarm_delay()
-
-
-def _live_tickets(host_id: int, now: datetime) -> int:
-    return MutationTicket.objects.filter(host_id=host_id).live(now=now).count()
