@@ -22,7 +22,7 @@ from durable_agent import clock, observability
 from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
-from durable_agent.maintenance.lanes.lane_registry import LaneSpec, handler
+from durable_agent.maintenance.lanes.lane_registry import LaneSpec, handler, step_of
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.maintenance.types import Lane, LaneContext
@@ -58,11 +58,20 @@ class OverrunFlag(threading.Event):
 
 
 def validate_lanes(rows: list[Lane]) -> None:
-    """Every due row needs a handler (the native lane is the pass itself)."""
+    """Every due row needs a handler (the native lane is the pass itself) of a phase a step of
+    the pass runs (Note [Lane phases] in ``lane_registry.py``)."""
     for row in rows:
-        if row.due_at is not None and row.lane != NATIVE and handler(row.lane) is None:
+        if row.due_at is None or row.lane == NATIVE:
+            continue
+        spec = handler(row.lane)
+        if spec is None:
             raise LaneNotRegistered(
                 f"No handler registered for scheduled lane: {row.lane}", lane=row.lane
+            )
+        if step_of(spec) is None:
+            raise LaneNotRegistered(
+                f"No step of the pass runs phase {spec.phase!r} of scheduled lane: {row.lane}",
+                lane=row.lane,
             )
 
 

@@ -75,7 +75,6 @@ def admit_waves(
     host: Host,
     rows: list[Lane],
     producing: frozenset[str],
-    phase: str,
     observed: Observation,
     until: datetime,
     dispatch_end: datetime,
@@ -85,7 +84,7 @@ def admit_waves(
     waves = []
     for row in admissible(rows, producing, now):
         spec = lane_registry.handler(row.lane)
-        if spec is None or spec.phase != phase:
+        if spec is None or lane_registry.step_of(spec) != lane_registry.BESIDE_NATIVE:
             continue
         waves.append(_submit_wave(executor, host, spec, row, observed, until, dispatch_end))
     return waves
@@ -123,7 +122,7 @@ def refill_waves(
     rows = [Lane.from_model(r) for r in host.lanes.all()]
     rows = [r for r in rows if r.lane not in failed]
     producing = frozenset(gate.active_lanes(host))
-    return admit_waves(host, rows, producing, "concurrent", observed, until, dispatch_end, executor)
+    return admit_waves(host, rows, producing, observed, until, dispatch_end, executor)
 
 
 def _submit_wave(
@@ -162,7 +161,9 @@ def after_native(
     admitted only once its wave has claimed it, so a lane that did not run never moves the
     rotation on.
     """
-    selected = [s for s in lane_registry.lanes() if s.phase == "after-native"]
+    selected = [
+        s for s in lane_registry.lanes() if lane_registry.step_of(s) == lane_registry.AFTER_NATIVE
+    ]
     if not selected:
         return []
     rows = {r.lane: r for r in (Lane.from_model(x) for x in host.lanes.all())}

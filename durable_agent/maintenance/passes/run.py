@@ -210,9 +210,7 @@ def _run_event(
     executor = Executor(conf.pass_workers())
     failures: list[BaseException] = []
     try:
-        waves = admit_waves(
-            host, rows, producing, "concurrent", observed, yield_after, dispatch_until, executor
-        )
+        waves = admit_waves(host, rows, producing, observed, yield_after, dispatch_until, executor)
         native = NativeStep(host, runtime, started, yield_after, executor)
         observed.native_only = started.actionable and not waves
         try:

@@ -88,21 +88,12 @@ def short_path(
     publication = by_lane.get(PUBLICATION)
     if publication is not None and (publication.due_at is not None or publication.parked):
         return None  # the publication barrier
-    for registered in lane_registry.lanes():
-        found = by_lane.get(registered.lane)
-        if (
-            registered.phase == "after-native"
-            and found is not None
-            and found.due_at is not None
-            and found.due_at <= now
-            and registered.lane not in producing
-        ):
-            return None
     waves: list[tuple[LaneSpec, Lane]] = []
     for row in admissible(rows, producing, now):
-        found_spec = lane_registry.handler(row.lane)
-        if found_spec is not None and found_spec.phase == "concurrent":
-            waves.append((found_spec, row))
+        found = lane_registry.handler(row.lane)
+        if found is None or lane_registry.step_of(found) != lane_registry.BESIDE_NATIVE:
+            return None  # Note [Lane phases]: the general path runs every other step
+        waves.append((found, row))
     if not waves:
         return NOTHING
     if len(waves) > 1:
