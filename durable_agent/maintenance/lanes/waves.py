@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,25 +22,13 @@ from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
 from durable_agent.maintenance.lanes.lane_registry import LaneSpec, handler, step_of
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.maintenance.types import Lane, LaneContext
-from durable_agent.models import Host
 
 logger = logging.getLogger("durable_agent.maintenance")
 ALLOWANCE_MESSAGE = "The admitted host wave exceeded its allowance; durable work remains pending"
-
-
-@dataclass
-class Observation:
-    """What a pass observed: acknowledged only if nothing newer arrived (6.1, 6.11)."""
-
-    generation: int | None = None
-    native_only: bool = False
-    queue: dict[str, Lane] = field(default_factory=dict)
-    charged: dict[str, int] = field(default_factory=dict)
-    available: dict[str, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class OverrunFlag(threading.Event):
@@ -76,10 +63,9 @@ def validate_lanes(rows: list[Lane]) -> None:
 
 
 def run_queued(
-    host: Host,
+    p: Pass,
     row: Lane,
     work: Callable[[], datetime | None],
-    observed: Observation,
     *,
     allowance: timedelta | None = None,
 ) -> tuple[bool, datetime | None]:
@@ -92,12 +78,12 @@ def run_queued(
     def charge(tx: AlarmTx) -> Lane | None:
         return charge_in(tx, row, now)
 
-    claimed = run_alarm_transaction(host, "charge maintenance attempt", charge)
+    claimed = run_alarm_transaction(p.host, "charge maintenance attempt", charge)
     if claimed is None:
         return False, None
-    observe_claim(observed, claimed)
+    p.claimed(claimed)
     outcome, failure = run_claimed(row.lane, work, now, allowance)
-    complete_wave(host, claimed, outcome, failure, observed)
+    complete_wave(p, claimed, outcome, failure)
     if failure is not None:
         raise failure
     return True, outcome
@@ -109,14 +95,6 @@ def charge_in(tx: AlarmTx, row: Lane, now: datetime) -> Lane | None:
     claimed = tx.queue.claim(row, now)
     tx.arm_within_lease(now)
     return claimed
-
-
-def observe_claim(observed: Observation, claimed: Lane) -> None:
-    """Remember a committed claim (``rearm_failure`` must not charge the lane twice)."""
-    with observed.lock:
-        observed.charged[claimed.lane] = claimed.revision
-        observed.queue[claimed.lane] = claimed
-        observed.available[claimed.lane] = claimed.revision
 
 
 def run_claimed(
@@ -157,11 +135,7 @@ def complete_in(
 
 
 def complete_wave(
-    host: Host,
-    claimed: Lane,
-    outcome: datetime | None,
-    failure: BaseException | None,
-    observed: Observation,
+    p: Pass, claimed: Lane, outcome: datetime | None, failure: BaseException | None
 ) -> None:
     """Complete a claimed wave in its own alarm transaction (backing it off after a failure)."""
     jitter = clock.random()
@@ -170,33 +144,32 @@ def complete_wave(
         producing = tx.producing_lanes(clock.now())[1]
         return complete_in(tx.queue, claimed, outcome, failure, producing, jitter)
 
-    revision = run_alarm_transaction(host, "complete maintenance wave", complete)
-    if revision is not None:
-        with observed.lock:
-            observed.available[claimed.lane] = revision
+    run_alarm_transaction(p.host, "complete maintenance wave", complete)
 
 
 def run_wave(
-    host: Host,
+    p: Pass,
     spec: LaneSpec,
     row: Lane,
-    observed: Observation,
-    until: datetime,
-    dispatch_end: datetime,
     cancelled: threading.Event,
     *,
+    after_native: bool = False,
     admitted: Callable[[], None] | None = None,
 ) -> tuple[bool, datetime | None]:
-    """Admit one wave of ``spec`` if it fits before ``dispatch_end``, then run it.
+    """Admit one wave of ``spec`` if it fits before the pass's ``dispatch_end`` (and, beside
+    the native step, before its ``yield_at``), then run it.
 
     ``admitted`` runs once the lane is claimed, before its handler: only a wave that really
     runs is recorded as admitted (the after-native rotation cursor).
     """
     now = clock.now()
     allowance = timedelta(milliseconds=spec.allowance_ms)
-    if now >= until or now + allowance > dispatch_end:
+    until = p.dispatch_end if after_native else p.yield_at
+    if now >= until or now + allowance > p.dispatch_end:
         return False, row.due_at  # not admitted: no claim, no debit
-    context = LaneContext(host=host, lane=spec.lane, deadline=now + allowance, _cancelled=cancelled)
+    context = LaneContext(
+        host=p.host, lane=spec.lane, deadline=now + allowance, _cancelled=cancelled
+    )
 
     def work() -> datetime | None:
         if admitted is not None:
@@ -204,9 +177,9 @@ def run_wave(
         return spec.run(context)
 
     with observability.span(
-        "durable_agent.wave", host_key=host.key, host_id=host.pk, lane=row.lane
+        "durable_agent.wave", host_key=p.host.key, host_id=p.host.pk, lane=row.lane
     ):
-        return run_queued(host, row, work, observed, allowance=allowance)
+        return run_queued(p, row, work, allowance=allowance)
 
 
 def join(

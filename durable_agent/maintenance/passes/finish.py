@@ -14,15 +14,13 @@ from durable_agent import clock, conf
 from durable_agent.errors import AlarmError
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.lanes.native.state import NativeResult
-from durable_agent.maintenance.lanes.waves import Observation
-from durable_agent.maintenance.passes import lease
+from durable_agent.maintenance.lanes.native.state import Pass
+from durable_agent.maintenance.store import lease
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     no_sooner_than_minimum,
     run_alarm_transaction,
 )
-from durable_agent.models import Host
 
 
 def _deadline_message() -> str:
@@ -36,23 +34,20 @@ def check_deadline(event_deadline: datetime) -> None:
         raise AlarmError("maintenance pass deadline", _deadline_message())
 
 
-def finish(
-    host: Host, observed: Observation, result: NativeResult, taken: lease.Lease
-) -> tuple[str, bool]:
-    """The final alarm decision: rearm at the earliest lane, or clear (docs/pass.md, step 4).
-
-    Also gives the lease back, and says whether a lane waits for its parked notice.
+def finish(p: Pass, taken: lease.Lease) -> None:
+    """The final alarm decision: rearm at the earliest lane, or clear (docs/pass.md, step 4),
+    into ``p.alarm``. Also gives the lease back, and says whether a lane waits for its parked
+    notice (``p.parked``).
     """
     failpoints.hit("maintenance:finish:before")
 
     def fn(tx: AlarmTx) -> tuple[str, bool]:
         lease.release_in(tx.state, taken)
         now = clock.now()
-        return settle_alarm(tx, observed.generation, result.next_at, tx.live_ticket_count(now), now)
+        return settle_alarm(tx, p.generation, p.next_at, tx.live_ticket_count(now), now)
 
-    disposition = run_alarm_transaction(host, "finish maintenance event", fn)
+    p.alarm, p.parked = run_alarm_transaction(p.host, "finish maintenance event", fn)
     failpoints.hit("maintenance:finish:after")
-    return disposition
 
 
 def settle_alarm(
@@ -81,9 +76,9 @@ def settle_alarm(
     return ("cleared" if tx.arm_at_earliest(now) is None else "rearmed"), parked
 
 
-def rearm_failure(host: Host, observed: Observation) -> None:
+def rearm_failure(p: Pass) -> None:
     """Failures durably schedule bounded recovery (docs/pass.md, failures)."""
-    generation, native_only = observed.generation, observed.native_only
+    generation, native_only = p.generation, p.native_only
     if generation is None:
         return  # failed before begin_pass read anything
     failpoints.hit("maintenance:retry:before")
@@ -100,13 +95,15 @@ def rearm_failure(host: Host, observed: Observation) -> None:
         queue.checkpoint_native(
             native_deadline if (state.dirty > state.processed or active > 0) else None
         )
-        for lane, row in list(observed.queue.items()):
+        with p.lock:
+            seen, charged_revisions = list(p.seen.items()), dict(p.charged)
+        for lane, row in seen:
             if lane == NATIVE:
                 continue
             current = queue.find(lane)
             if current is None or row.due_at is None or row.due_at > now:
                 continue
-            charged = row if observed.charged.get(lane) == row.revision else queue.claim(row, now)
+            charged = row if charged_revisions.get(lane) == row.revision else queue.claim(row, now)
             if charged is not None:
                 queue.complete(
                     charged,
@@ -114,5 +111,5 @@ def rearm_failure(host: Host, observed: Observation) -> None:
                 )
         tx.arm_at_earliest(now)
 
-    run_alarm_transaction(host, "back off failed maintenance", fn)
+    run_alarm_transaction(p.host, "back off failed maintenance", fn)
     failpoints.hit("maintenance:retry:after")

@@ -19,16 +19,18 @@ from datetime import datetime, timedelta
 from durable_agent import clock, conf
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lanes.native.observe import observe, skipped
-from durable_agent.maintenance.lanes.native.state import NativeResult, NativeState
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.models import BindingRetry
 from durable_agent.runtime import WorkItem
 
 
-def checkpoint(step: NativeState) -> NativeResult:
-    """Acknowledge what was observed, or back off; never writes the slot itself."""
+def checkpoint(step: Pass) -> None:
+    """Acknowledge what was observed, or back off; never writes the slot itself. Leaves the
+    native lane's next time in ``step.next_at`` and the work remaining in ``step.nonterminal``."""
     view = observe(step)
-    recovery, started = step.recovery, step.started
+    recovery, observed = step.recovery, step.generation
+    assert observed is not None
     remaining = view.current
     reports = recovery.reports
     first_seen: dict[str, bool] = {}
@@ -57,9 +59,7 @@ def checkpoint(step: NativeState) -> NativeResult:
     jitter = clock.random()
     if autonomous:
         ordinary = (
-            conf.backoff_base_ms()
-            if progressed
-            else backoff.backoff_delay_ms(started.stalls, jitter)
+            conf.backoff_base_ms() if progressed else backoff.backoff_delay_ms(step.stalls, jitter)
         )
     else:
         ordinary = 0
@@ -77,25 +77,25 @@ def checkpoint(step: NativeState) -> NativeResult:
     def fn(tx: AlarmTx) -> datetime | None:
         state = tx.state
         active = tx.live_ticket_count(now)
-        overlap = started.active_at_start > 0 or active > 0
+        overlap = step.active_at_start > 0 or active > 0
         generation = (
             view.scanned_generation
             if not remaining
             and not view.owners
             and not overlap
             and state.dirty == view.scanned_generation
-            else started.generation
+            else observed
         )
         if not (autonomous or overlap):
             state.processed = max(state.processed, generation)
-        can_backoff = not overlap and state.dirty == started.generation
+        can_backoff = not overlap and state.dirty == observed
         tx.clear_retry()
         state.nonterminal = len(remaining)
         BindingRetry.objects.filter(host_id=tx.host_id).exclude(
             submission__in=remaining_ids
         ).delete()
         if autonomous and not progressed and can_backoff:
-            tx.back_off_native(started.generation, now + delay, started.stalls)
+            tx.back_off_native(observed, now + delay, step.stalls)
         if autonomous:
             due: datetime | None = now + (delay if can_backoff else _min_delay())
         elif overlap or state.dirty > state.processed:
@@ -106,9 +106,9 @@ def checkpoint(step: NativeState) -> NativeResult:
         return due
 
     failpoints.hit("maintenance:checkpoint:before")
-    next_at = run_alarm_transaction(step.host, "checkpoint maintenance generation", fn)
+    step.next_at = run_alarm_transaction(step.host, "checkpoint maintenance generation", fn)
     failpoints.hit("maintenance:checkpoint:after")
-    return NativeResult("actionable", len(remaining), next_at, step.settled)
+    step.nonterminal = len(remaining)
 
 
 def _min_delay() -> timedelta:

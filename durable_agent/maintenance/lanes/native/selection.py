@@ -14,11 +14,11 @@ from __future__ import annotations
 from durable_agent import clock
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lanes.native.observe import DISCOVERY_LIMIT, View
-from durable_agent.maintenance.lanes.native.state import NativeState
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 
 
-def select(step: NativeState, view: View) -> tuple[list[str], list[str]]:
+def select(step: Pass, view: View) -> tuple[list[str], list[str]]:
     recovery = step.recovery
     waiting_threads = {w.thread for w in view.waits}
     runnable = [t for t in view.eligible if t not in waiting_threads]
