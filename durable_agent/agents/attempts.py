@@ -88,6 +88,8 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
     head = head_of(host, thread)
     if head is None or head.state != SubmissionState.READY or head.abort_requested_at:
         return None
+    if head.not_before is not None and head.not_before > clock.now():
+        return None  # Note [Delayed heads]
     spec = registry.lookup(head.agent, head.agent_version)
     if spec is None:
         raise BindingUnavailable(
