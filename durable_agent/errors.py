@@ -121,3 +121,10 @@ class PassFailed(ExceptionGroup[Exception]):
 def _describe_failures(exceptions: list[Exception]) -> str:
     parts = "; ".join(f"{type(exc).__name__}: {exc}" for exc in exceptions)
     return f"{len(exceptions)} failures: {parts}"
+
+
+class WaitTimeout(DurableAgentError, TimeoutError):
+    """The submission did not settle within the timeout of durable_agent.wait(); it is still
+    queued or running: wait again, or read its state later."""
+
+    code = "wait_timeout"

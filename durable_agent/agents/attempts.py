@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from durable_agent import clock, signals
-from durable_agent.agents import leases, registry, transitions
+from durable_agent.agents import leases, registry, retries, transitions
 from durable_agent.agents.context import AgentContext, ApprovalRequested
 from durable_agent.agents.errors import InvalidPayload, TransactionMisuse
 from durable_agent.agents.services import encode_json
@@ -178,6 +178,9 @@ def _settle(
             return None
         now = clock.now()
         error = None if failure is None else transitions.error_of(failure)
+        if row.abort_requested_at is None and retries.retry(host, row, owner, failure, error, now):
+            tx.record_progress([NATIVE])
+            return None
         if row.abort_requested_at is not None:
             outcome = SubmissionOutcome.ABORTED
         elif failure is not None:

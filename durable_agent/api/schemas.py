@@ -375,6 +375,11 @@ class SubmitIn(ObjectIn):
     idempotency_key: IdempotencyKey | None = Field(
         None, description="Or the Idempotency-Key header; replaying it returns the receipt."
     )
+    not_before: UtcDatetime | None = Field(
+        None,
+        description="Delay the start to this time (with a time zone; at most 366 days ahead). "
+        "The submissions behind it on its thread wait with it.",
+    )
 
 
 class ReceiptOut(Schema):
@@ -397,6 +402,10 @@ class SubmissionSummaryOut(Schema):
     state: SubmissionStateName
     outcome: OutcomeName | None
     attempts: int
+    not_before: datetime | None = Field(
+        description="The agent does not start before this time: a delayed submission, or the "
+        "next try of a retry (the last try's error is in `error` meanwhile)."
+    )
     abort_requested_at: datetime | None
     approval_reason: str | None
     created_at: datetime

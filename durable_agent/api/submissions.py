@@ -92,6 +92,7 @@ def submit(
         payload=body.payload,
         idempotency_key=key_in_body or idempotency_key,
         version=body.version,
+        not_before=body.not_before,
     )
     out = ReceiptOut(
         submission_id=receipt.submission_id,
@@ -168,6 +169,7 @@ def _summary(row: Submission) -> SubmissionSummaryOut:
         state=row.state,  # type: ignore[arg-type]
         outcome=row.outcome,  # type: ignore[arg-type]
         attempts=row.attempts,
+        not_before=row.not_before,
         abort_requested_at=row.abort_requested_at,
         approval_reason=row.approval_reason,
         created_at=row.created_at,

@@ -78,12 +78,20 @@ def test_delays__a_replayed_key_keeps_the_original_time(
     host: Host, clock: FakeClock, echo: Any
 ) -> None:
     first = durable_agent.submit(
-        host=host, thread="t", agent="echo", payload=1, idempotency_key="k",
+        host=host,
+        thread="t",
+        agent="echo",
+        payload=1,
+        idempotency_key="k",
         not_before=timedelta(minutes=1),
     )
     clock.advance(ms=30_000)
     again = durable_agent.submit(
-        host=host, thread="t", agent="echo", payload=1, idempotency_key="k",
+        host=host,
+        thread="t",
+        agent="echo",
+        payload=1,
+        idempotency_key="k",
         not_before=timedelta(minutes=1),
     )
 
@@ -116,7 +124,10 @@ def test_delays__a_past_time_runs_at_once(
     host: Host, clock: FakeClock, echo: Any, calls: list[Any]
 ) -> None:
     durable_agent.submit(
-        host=host, thread="t", agent="echo", payload=1,
+        host=host,
+        thread="t",
+        agent="echo",
+        payload=1,
         not_before=clock.now() - timedelta(days=1),
     )
 
