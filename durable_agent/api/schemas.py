@@ -423,6 +423,21 @@ class SubmissionOut(SubmissionSummaryOut):
     lease_expires_at: datetime | None
 
 
+MAX_WAIT_SECONDS = 30
+"""The longest ``GET submissions/{id}?wait=`` holds a request (docs/api.md)."""
+
+
+class SubmissionWaitQuery(Schema):
+    wait: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        allow_inf_nan=False,
+        description="Hold the request up to this many seconds (at most 30) until the "
+        "submission settles; it answers with the current state either way.",
+    )
+
+
 class SubmissionPageOut(Schema):
     items: list[SubmissionSummaryOut] = Field(description="Newest first (by id, descending).")
     limit: int

@@ -13,7 +13,7 @@ from typing import Annotated
 from django.http import HttpRequest
 from ninja import Body, Header, Path, Query, Router, Status
 
-from durable_agent.agents import services
+from durable_agent.agents import services, waiting
 from durable_agent.agents.errors import SubmissionNotFound
 from durable_agent.api import cursors
 from durable_agent.api.auth import require_repair, require_submit
@@ -34,10 +34,12 @@ from durable_agent.api.schemas import (
     SubmissionPageOut,
     SubmissionStatusOut,
     SubmissionSummaryOut,
+    SubmissionWaitQuery,
     SubmitIn,
     ThreadKey,
 )
 from durable_agent.api.selectors import get_host
+from durable_agent.errors import WaitTimeout
 from durable_agent.models import Submission
 from durable_agent.text import validate_reason
 
@@ -184,8 +186,16 @@ def _summary(row: Submission) -> SubmissionSummaryOut:
     summary="One submission",
     operation_id="get_submission",
 )
-def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionOut:
-    """A submission's state, outcome, result and timeline."""
+def get_submission(
+    request: HttpRequest, submission_id: Path[RowId], query: Query[SubmissionWaitQuery]
+) -> SubmissionOut:
+    """A submission's state, outcome, result and timeline; with ``wait``, a long poll that
+    answers once it settles or after ``wait`` seconds (at most 30), whichever comes first."""
+    if query.wait:
+        try:
+            waiting.wait(submission_id, timeout=query.wait)
+        except WaitTimeout:
+            pass  # answer with the current state
     row = Submission.objects.select_related("host", "thread").filter(pk=submission_id).first()
     if row is None:
         raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)
