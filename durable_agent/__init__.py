@@ -1,7 +1,8 @@
 """durable_agent: durable agent threads for Django, kept alive by one durable alarm per host.
 
 Importing this package touches no models and no settings: ``agent``, ``submit``, ``abort``,
-``approve``, ``resolve_unknown``, ``wait`` and ``RetryPolicy`` are imported from ``durable_agent.agents`` on first use.
+``approve``, ``resolve_unknown``, ``wait`` and ``RetryPolicy`` are imported from
+``durable_agent.agents`` on first use.
 """
 
 from __future__ import annotations

@@ -212,6 +212,15 @@ def _suspend(host: Host, submission: Submission, owner: str, reason: str) -> Set
         tx.record_progress([NATIVE])
         if aborted:
             signals.submission_settled_on_commit(row.pk, row.host_id, SubmissionOutcome.ABORTED)
+        else:
+            signals.needs_operator_on_commit(
+                host_id=row.host_id,
+                submission_id=row.pk,
+                thread=submission.thread.key,
+                agent=row.agent,
+                version=row.agent_version,
+                reason="approval",
+            )
     if aborted:
         return Settlement(submission.thread.key, str(submission.pk), SubmissionOutcome.ABORTED)
     return None

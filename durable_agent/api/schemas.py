@@ -313,6 +313,16 @@ class FailingHostOut(Schema):
     error: str = Field(description="The error of the latest failed pass.")
 
 
+class AttentionOut(Schema):
+    """Work that waits for a person, across hosts."""
+
+    unknown: int = Field(description="Submissions whose side effect's outcome is unknown.")
+    suspended: int = Field(description="Submissions waiting for approval.")
+    binding_waits: int = Field(description="Heads parked on a missing agent binding.")
+    failing_hosts: int
+    total: int
+
+
 class HealthOut(Schema):
     ok: bool = Field(description="No host violates the alarm invariant and none is failing.")
     hosts: int
@@ -324,6 +334,10 @@ class HealthOut(Schema):
     parked: dict[str, list[str]]
     expired_tickets: int
     stale_leases: list[str]
+    degraded: bool = Field(
+        description="Work waits for a person (see `attention`); not a failure of the alarms."
+    )
+    attention: AttentionOut
 
 
 # -- repairs ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ already used on the thread with the same agent and payload. Abort, approve and r
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 from django.http import HttpRequest
@@ -192,10 +193,8 @@ def get_submission(
     """A submission's state, outcome, result and timeline; with ``wait``, a long poll that
     answers once it settles or after ``wait`` seconds (at most 30), whichever comes first."""
     if query.wait:
-        try:
+        with contextlib.suppress(WaitTimeout):  # then answer with the current state
             waiting.wait(submission_id, timeout=query.wait)
-        except WaitTimeout:
-            pass  # answer with the current state
     row = Submission.objects.select_related("host", "thread").filter(pk=submission_id).first()
     if row is None:
         raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)

@@ -7,11 +7,12 @@ Two kinds (docs/operations.md):
   ``durable_agent_passes_total{phase}``, ``durable_agent_pass_duration_seconds`` and
   ``durable_agent_pass_lateness_seconds`` (histograms). Expose them from the workers (see
   docs/operations.md), or with ``prometheus_client``'s multiprocess mode.
-* **Fleet gauges**, read from the database on each scrape (:class:`FleetCollector`, six
+* **Fleet gauges**, read from the database on each scrape (:class:`FleetCollector`, nine
   queries whatever the number of hosts): ``durable_agent_hosts``,
   ``durable_agent_hosts_armed``, ``durable_agent_hosts_overdue``,
   ``durable_agent_hosts_failing``, ``durable_agent_lanes_parked``,
-  ``durable_agent_submissions_owed``.
+  ``durable_agent_submissions_owed``, and ``durable_agent_needs_operator{reason}`` (three more
+  queries: work waiting for a person).
 
 :func:`metrics_view` answers both in the text exposition format; mount it on a path only your
 Prometheus can reach (it checks no credentials)::
@@ -39,6 +40,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from durable_agent.maintenance.operators.attention import attention
 from durable_agent.observability import fleet_snapshot
 
 __all__ = ["FLEET_REGISTRY", "FleetCollector", "metrics_view", "observe_pass"]
@@ -94,6 +96,20 @@ class FleetCollector(Collector):
             ),
         ):
             yield GaugeMetricFamily(name, help_text, value=value)
+        waiting = GaugeMetricFamily(
+            "durable_agent_needs_operator",
+            "Work waiting for a person, by reason (unknown, suspended, binding, failing_host).",
+            labels=["reason"],
+        )
+        counts = attention(failing_hosts=snapshot.failing)
+        for reason, value in (
+            ("unknown", counts.unknown),
+            ("suspended", counts.suspended),
+            ("binding", counts.binding_waits),
+            ("failing_host", counts.failing_hosts),
+        ):
+            waiting.add_metric([reason], value)
+        yield waiting
 
 
 FLEET_REGISTRY = CollectorRegistry(auto_describe=False)

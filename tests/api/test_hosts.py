@@ -21,6 +21,8 @@ from tests.factories import (
     MaintenanceStateFactory,
     PassRecordFactory,
     RecoveryFaultFactory,
+    SubmissionFactory,
+    ThreadFactory,
 )
 
 pytestmark = pytest.mark.django_db
@@ -266,3 +268,19 @@ def test_health__reports_violating_hosts(
     [violating] = body["violating"]
     assert (violating["host"], violating["ok"], violating["slot"]) == (host.key, False, None)
     assert violating["violations"] == ["owed work without an armed alarm"]
+
+
+def test_health__work_waiting_for_a_person_is_degraded_not_down(
+    client: TestClient, host: Host, clock: FakeClock, read_auth: dict[str, str]
+) -> None:
+    thread = ThreadFactory(host=host, key="t")
+    SubmissionFactory(thread=thread, sequence=1, state="unknown")
+    body = client.get("/health", headers=read_auth).json()
+    assert (body["ok"], body["degraded"]) == (True, True)
+    assert body["attention"] == {
+        "unknown": 1,
+        "suspended": 0,
+        "binding_waits": 0,
+        "failing_hosts": 0,
+        "total": 1,
+    }
