@@ -31,7 +31,8 @@ def test_delays__a_timedelta_starts_the_agent_at_its_time_never_sooner(
         host=host, thread="t", agent="echo", payload=1, not_before=timedelta(minutes=5)
     )
 
-    assert receipt.created and receipt.state == "ready"
+    assert receipt.created
+    assert receipt.state == "ready"
     row = Submission.objects.get(pk=receipt.submission_id)
     assert row.not_before == start + timedelta(minutes=5)
     run_pass(host)  # the pass that classifies the new work
@@ -44,7 +45,8 @@ def test_delays__a_timedelta_starts_the_agent_at_its_time_never_sooner(
     run_pass(host)  # an early pass (a stray delivery) does not start it
     assert calls == []
     slot = alarm.scheduled(host)
-    assert slot is not None and slot >= start + timedelta(minutes=5)
+    assert slot is not None
+    assert slot >= start + timedelta(minutes=5)
 
     drain(host, clock)
 
@@ -95,7 +97,8 @@ def test_delays__a_replayed_key_keeps_the_original_time(
         not_before=timedelta(minutes=1),
     )
 
-    assert not again.created and again.submission_id == first.submission_id
+    assert not again.created
+    assert again.submission_id == first.submission_id
     row = Submission.objects.get(pk=first.submission_id)
     assert row.not_before == clock.now() - timedelta(seconds=30) + timedelta(minutes=1)
 

@@ -54,6 +54,7 @@ def test_needs_operator__a_suspension_is_logged_and_signalled(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     captured = django_capture_on_commit_callbacks
+
     @durable_agent.agent("payer", version="3")
     def payer(ctx: Any, payload: Any) -> None:
         ctx.suspend_for_approval("pay 10 EUR?")
@@ -63,7 +64,9 @@ def test_needs_operator__a_suspension_is_logged_and_signalled(
         run_pass(host)
 
     (line,) = operator_lines(caplog)
-    assert "payer@3" in line and "'invoices'" in line and repr(host.key) in line
+    assert "payer@3" in line
+    assert "'invoices'" in line
+    assert repr(host.key) in line
     assert "approve" in line
     assert received == [
         {
@@ -100,7 +103,9 @@ def test_needs_operator__an_unknown_outcome_is_logged_and_signalled(
 
     assert Submission.objects.get(pk=receipt.submission_id).state == "unknown"
     (line,) = operator_lines(caplog)
-    assert "echo@1" in line and "'t'" in line and repr(host.key) in line
+    assert "echo@1" in line
+    assert "'t'" in line
+    assert repr(host.key) in line
     assert [r["reason"] for r in received] == ["unknown"]
     assert attention().unknown == 1
 
@@ -124,7 +129,9 @@ def test_needs_operator__a_missing_binding_names_agent_version_thread_and_host(
         for r in caplog.records
         if r.name == "durable_agent.maintenance" and r.levelno == logging.ERROR
     ]
-    assert "echo@9" in line and "'t'" in line and repr(host.key) in line
+    assert "echo@9" in line
+    assert "'t'" in line
+    assert repr(host.key) in line
     assert "restart the cluster" in line
     assert [(r["reason"], r["version"]) for r in received] == [("binding", "9")]
     assert attention().binding_waits == 1
@@ -155,7 +162,8 @@ def test_needs_operator__the_audit_reports_attention_and_can_fail_on_it(
     _suspended(host)
 
     summary = audit_all()
-    assert summary.ok and summary.degraded
+    assert summary.ok
+    assert summary.degraded
     assert summary.as_dict()["attention"] == {
         "unknown": 0,
         "suspended": 1,
@@ -164,7 +172,8 @@ def test_needs_operator__the_audit_reports_attention_and_can_fail_on_it(
         "total": 1,
     }
     out, code = _audit()
-    assert code == 0 and "ATTENTION: 1 suspended submission(s) waiting for approval" in out
+    assert code == 0
+    assert "ATTENTION: 1 suspended submission(s) waiting for approval" in out
     assert _audit("--fail-on-attention")[1] == 1
 
 

@@ -56,7 +56,8 @@ def test_retries__a_retried_failure_waits_in_the_due_queue_then_completes(
     assert seen == [1]
     assert row.state == SubmissionState.READY  # not settled: it runs again
     assert row.attempts == 1
-    assert row.error is not None and row.error["message"] == "attempt 1"
+    assert row.error is not None
+    assert row.error["message"] == "attempt 1"
     # b = min(cap 25, 10 * 2**0) = 10 s, jittered into [5, 10]: 7.5 s with jitter 0.5
     assert row.not_before == start + timedelta(seconds=7.5)
     assert alarm.scheduled(host) == row.not_before  # the due queue holds the next try
@@ -77,7 +78,8 @@ def test_retries__a_retried_failure_waits_in_the_due_queue_then_completes(
     row.refresh_from_db()
     assert seen == [1, 2, 3]
     assert (row.state, row.outcome, row.result) == ("settled", "completed", {"attempt": 3})
-    assert row.attempts == 3 and row.error is None
+    assert row.attempts == 3
+    assert row.error is None
 
 
 def test_retries__the_last_attempt_settles_failed(host: Host, clock: FakeClock) -> None:
@@ -105,9 +107,7 @@ def test_retries__an_exception_the_policy_does_not_name_settles_at_once(
     assert (row.state, row.outcome) == ("settled", "failed")
 
 
-def test_retries__an_abort_during_the_attempt_is_not_retried(
-    host: Host, clock: FakeClock
-) -> None:
+def test_retries__an_abort_during_the_attempt_is_not_retried(host: Host, clock: FakeClock) -> None:
     @durable_agent.agent("stops", retry=RetryPolicy(max_attempts=5))
     def stops(ctx: Any, payload: Any) -> Any:
         durable_agent.abort(ctx.submission.pk)

@@ -63,7 +63,8 @@ def test_wait__times_out_with_a_clear_error(host: Host, echo: Any) -> None:
         durable_agent.wait(receipt.submission_id, timeout=timedelta(milliseconds=300))
 
     assert 0.3 <= time.monotonic() - started < 5
-    assert isinstance(caught.value, DurableAgentError) and isinstance(caught.value, TimeoutError)
+    assert isinstance(caught.value, DurableAgentError)
+    assert isinstance(caught.value, TimeoutError)
     assert caught.value.code == "wait_timeout"
     assert (caught.value.submission, caught.value.state) == (receipt.submission_id, "ready")
 

@@ -383,7 +383,8 @@ def test_get_submission__wait_answers_with_the_current_state_after_the_wait(
 
     response = client.get(f"/submissions/{submission.pk}?wait=0.3", headers=repair_auth)
 
-    assert response.status_code == 200 and response.json()["state"] == "ready"
+    assert response.status_code == 200
+    assert response.json()["state"] == "ready"
     assert time.monotonic() - started >= 0.3
 
 
