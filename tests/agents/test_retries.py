@@ -166,3 +166,31 @@ def test_retries__the_policy_is_part_of_the_binding() -> None:
         registry.register("a", fn, retry=RetryPolicy(max_attempts=3))
     with pytest.raises(InvalidInput):
         registry.register("b", fn, retry={"max_attempts": 3})  # type: ignore[arg-type]
+
+
+def test_retries__a_crash_before_the_retry_is_recorded_leaves_it_to_recovery(
+    host: Host, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_agent.agents import retries
+    from durable_agent.maintenance.operators.audit import audit_host
+
+    seen = flaky_agent(1)
+    receipt = durable_agent.submit(host=host, thread="t", agent="flaky", payload=None)
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the worker died while recording the retry")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(retries, "waiting_fields", crash)
+        with pytest.raises(RuntimeError, match="recording the retry"):
+            run_pass(host)
+
+    row = Submission.objects.get(pk=receipt.submission_id)
+    assert (row.state, row.attempts) == ("running", 1)  # nothing of the retry was written
+    assert audit_host(Host.objects.select_related("alarm").get(pk=host.pk)).ok
+
+    drain(host, clock)  # the lease expires; recovery hands the attempt back, it runs again
+
+    row.refresh_from_db()
+    assert seen == [1, 2]
+    assert (row.state, row.outcome, row.attempts) == ("settled", "completed", 2)
