@@ -87,18 +87,30 @@ def dev_cluster(root: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
         yield process
     finally:
         process.terminate()  # SIGTERM to the command alone, as a service manager's KillMode=mixed
-        give_up = time.monotonic() + 40
-        while time.monotonic() < give_up:
-            process.poll()  # reap it: a zombie still counts as a member of the group
-            try:
-                os.killpg(process.pid, 0)
-            except ProcessLookupError:
-                break
+        give_up = time.monotonic() + 60
+        while (left := living(process)) and time.monotonic() < give_up:
             time.sleep(0.2)  # polling an observable condition
-        else:
+        if left:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            pytest.fail("qcluster_dev left processes running 40 s after SIGTERM")
+            pytest.fail("qcluster_dev left processes running 60 s after SIGTERM:\n" + left)
+
+
+def living(process: subprocess.Popen[bytes]) -> str:
+    """The processes of its group that are still running (zombies waiting to be reaped by
+    whoever adopted them do not count), as ``ps`` lines; empty when none is left."""
+    process.poll()  # reap the command itself
+    listing = subprocess.run(
+        ["ps", "-o", "pid=,stat=,args=", "-g", str(process.pid)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return "\n".join(
+        line
+        for line in listing.splitlines()
+        if line.split() and not line.split()[1].startswith("Z")
+    )
 
 
 def wait_for(log: Path, text: str, count: int, process: subprocess.Popen[bytes]) -> None:
