@@ -104,6 +104,12 @@ class Submission(models.Model):
     side_effect_marked = models.BooleanField(
         default=False, help_text="The current attempt started a side effect."
     )
+    not_before = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The agent does not start before this time: a delayed submission, or the "
+        "next try of a retried one (docs/first-agent.md).",
+    )
     abort_requested_at = models.DateTimeField(null=True, blank=True)
     approval_reason = models.TextField(null=True, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True, help_text="The last approval.")

@@ -24,6 +24,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the audit as JSON")
         parser.add_argument("--repair", action="store_true", help="re-arm violating hosts")
+        parser.add_argument(
+            "--fail-on-attention",
+            action="store_true",
+            help="also exit 1 when work waits for a person (unknown or suspended submissions, "
+            "heads parked on a missing agent binding, failing hosts)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         registry_key = get_runtime().binding_registry_key()
@@ -61,6 +67,10 @@ class Command(BaseCommand):
                 f"Of {after.hosts} hosts, {' and '.join(problems)}",
                 returncode=1,
             )
+        if options["fail_on_attention"] and after.degraded:
+            raise CommandError(
+                f"Work waits for an operator: {after.attention.describe()}", returncode=1
+            )
 
     def _print(self, summary: Any, repaired: list[dict[str, Any]]) -> None:
         self.stdout.write(
@@ -83,6 +93,8 @@ class Command(BaseCommand):
             self.stdout.write(f"expired mutation tickets: {summary.expired_tickets}")
         for host in summary.stale_leases:
             self.stdout.write(f"stale pass lease {host}")
+        if summary.degraded:
+            self.stdout.write(f"ATTENTION: {summary.attention.describe()}")
         for change in repaired:
             self.stdout.write(
                 f"repaired {change['host']}: alarm {change['before'] or 'disarmed'} -> "
