@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from io import StringIO
@@ -22,15 +23,24 @@ UNDECODABLE = os.fsdecode(b"\xff")  # what Python makes of the argument $'\xff'
 
 
 def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    """``manage.py ARGS`` in its own process group, all of it killed after 60 s (a cluster
+    that starts after all must leave no process behind)."""
+    child = subprocess.Popen(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", **env},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
-        check=False,
+        start_new_session=True,
     )
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        raise
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 DOWN = {"DATABASE_URL": "postgres://postgres@127.0.0.1:1/nowhere"}

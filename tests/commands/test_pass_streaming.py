@@ -93,9 +93,7 @@ def release(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_pass__lines_stream_as_each_pass_finishes(
-    tmp_path: Path, release: Path
-) -> None:
+def test_pass__lines_stream_as_each_pass_finishes(tmp_path: Path, release: Path) -> None:
     _hosts(real_clock.now(), {"a": "quick", "b": "slow", "c": "quick"})
     child = _child(tmp_path)
     try:
@@ -115,9 +113,7 @@ def test_pass__lines_stream_as_each_pass_finishes(
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_pass__ctrl_c_sums_up_the_passes_already_run(
-    tmp_path: Path, release: Path
-) -> None:
+def test_pass__ctrl_c_sums_up_the_passes_already_run(tmp_path: Path, release: Path) -> None:
     _hosts(real_clock.now(), {"a": "quick", "b": "slow", "c": "quick"})
     child = _child(tmp_path)
     try:
