@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.core.paginator import Page, Paginator
 from django.db import connections
 from django.db.models import QuerySet
@@ -32,6 +33,9 @@ from django.utils.functional import cached_property
 
 #: Tables estimated at fewer rows than this are counted exactly.
 EXACT_BELOW = 100_000
+#: Filtered lists (``estimate_filtered``) the planner expects to hold fewer rows than this
+#: are counted exactly: counting ten thousand rows on an index takes a few milliseconds.
+FILTERED_EXACT_BELOW = 10_000
 
 
 def estimated_rows(model: Any, using: str) -> int | None:
@@ -51,9 +55,18 @@ def estimated_rows(model: Any, using: str) -> int | None:
 
 def planned_rows(queryset: QuerySet[Any]) -> int | None:
     """The planner's estimate of the rows of ``queryset`` (PostgreSQL only, else None)."""
-    if connections[queryset.db].vendor != "postgresql":
+    connection = connections[queryset.db]
+    if connection.vendor != "postgresql":
         return None
-    plan = json.loads(queryset.explain(format="json"))
+    try:
+        sql, params = queryset.query.sql_with_params()
+    except EmptyResultSet:  # a condition that matches nothing (``none()``)
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str | bytes):
+        plan = json.loads(plan)
     return int(plan[0]["Plan"]["Plan Rows"])
 
 
@@ -77,7 +90,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
                 return estimate
         if query is not None and query.where and self.estimate_filtered:
             estimate = planned_rows(queryset)
-            if estimate is not None and estimate >= EXACT_BELOW:
+            if estimate is not None and estimate >= FILTERED_EXACT_BELOW:
                 self.estimated = True
                 return estimate
         return int(super().count)

@@ -10,8 +10,9 @@ Note [The submission list at scale]
       (``sortable_by``), both indexed;
     - the count is PostgreSQL's estimate once it is large: the table's ``reltuples``
       unfiltered, the planner's row estimate (``EXPLAIN``) with a filter or a search; below
-      :data:`~durable_agent.admin.paging.EXACT_BELOW` rows, or on another database, it is
-      exact. An estimate reads "about N submissions";
+      :data:`~durable_agent.admin.paging.EXACT_BELOW` rows (unfiltered) or
+      :data:`~durable_agent.admin.paging.FILTERED_EXACT_BELOW` (filtered), or on another
+      database, it is exact. An estimate reads "about N submissions";
     - the search takes whole keys: a host key, a thread key, an idempotency key, an agent
       name or a submission id. The host and thread keys are looked up first (their unique
       and ``da_thread_key`` indexes), so the list's condition is an ``OR`` of indexed
@@ -35,7 +36,7 @@ from durable_agent.agents import registry
 from durable_agent.models import Host, Submission, Thread
 from durable_agent.text import unstorable
 
-#: The most host or thread ids a search term can match (keys are unique per host).
+#: The most thread ids a search term can match (a thread key is unique per host only).
 SEARCH_IDS = 1_000
 
 
@@ -53,8 +54,10 @@ def search(queryset: QuerySet[Submission], term: str) -> QuerySet[Submission]:
         return queryset
     if unstorable(term) is not None:  # no key holds it
         return queryset.none()
-    hosts = list(Host.objects.filter(key=term).values_list("pk", flat=True)[:SEARCH_IDS])
-    threads = list(Thread.objects.filter(key=term).values_list("pk", flat=True)[:SEARCH_IDS])
+    hosts = list(Host.objects.filter(key=term).order_by().values_list("pk", flat=True)[:1])
+    threads = list(
+        Thread.objects.filter(key=term).order_by().values_list("pk", flat=True)[:SEARCH_IDS]
+    )
     condition = Q(idempotency_key=term)
     if hosts:
         condition |= Q(host_id__in=hosts)
