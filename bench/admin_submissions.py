@@ -50,7 +50,7 @@ def load(rows: int) -> float:
             SELECT t.host_id, t.id, s.seq, 'agent-' || (s.g %% %s), '1', '{}'::jsonb,
                 'k' || lpad(s.g::text, 8, '0'),
                 CASE WHEN s.seq = %s THEN 'ready' ELSE 'settled' END,
-                CASE WHEN s.seq = %s THEN NULL WHEN s.g %% 10 = 0 THEN 'failed'
+                CASE WHEN s.seq = %s THEN NULL WHEN s.g %% 10 = 5 THEN 'failed'
                      ELSE 'completed' END,
                 NULL, NULL, 1, false, '[]'::jsonb,
                 now() - (%s - s.g) * interval '1 second',
@@ -87,6 +87,7 @@ VIEWS = [
     ("search, no match", "?q=nothing-like-it"),
     ("state ready", "?state__exact=ready"),
     ("outcome failed", "?outcome__exact=failed"),
+    ("outcome aborted (none)", "?outcome__exact=aborted"),
     ("agent filter", "?agent__exact=agent-3"),
     ("head of its thread", "?head=yes"),
     ("by id", "?o=1"),
