@@ -174,3 +174,18 @@ def test_qcluster__an_unreachable_database_is_one_error() -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr + result.stdout
     assert "(durable_agent.E022) qcluster cannot read the migrations" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["api_token", "create", "x", "--scope", "nope", "--json"],
+        ["maintenance_pass", "--bogus", "--json"],
+        ["maintenance_audit", "--json", "--repair", "extra"],
+    ],
+)
+def test_commands__a_usage_error_with_json_is_json_too(command: list[str]) -> None:
+    result = manage(*command, env=DOWN)
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["code"] == "usage"
+    assert "error:" in result.stderr  # argparse's own message stays on stderr

@@ -8,7 +8,8 @@ Note [One error line per command]
     (``$'\\xff'`` reaches Python as a lone surrogate, which no database driver can encode: the
     commands treat such a key or name as one that does not exist, before any query). With
     ``--json`` the error is also printed as one JSON object on stdout (``{"error": ...}``,
-    plus the command's own empty result), unless the command already printed its JSON.
+    plus the command's own empty result), unless the command already printed its JSON; so is
+    an argument argparse refuses (its usage and message stay on stderr, exit status 2).
     The line stays the only output: ``--traceback`` still shows the traceback.
 """
 
@@ -52,12 +53,31 @@ def database_error(exc: DatabaseError) -> str:
     return f"Database error: {first}"
 
 
+USAGE_ERROR = 2  # argparse's exit status
+
+
 class DurableCommand(BaseCommand):
     """A command whose errors are one ``CommandError`` line (Note [One error line per
     command])."""
 
     #: The keys of the command's JSON result printed with an error (besides ``"error"``).
     json_on_error: dict[str, Any] = {}
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.json_written = False
+        try:
+            super().run_from_argv(argv)
+        except SystemExit as exc:
+            # argparse's usage errors exit with status 2 before execute() runs.
+            if exc.code == USAGE_ERROR and "--json" in argv[2:] and not self.json_written:
+                self.write_json(
+                    {
+                        **self.json_on_error,
+                        "error": "Invalid arguments: the usage is on stderr",
+                        "code": "usage",
+                    }
+                )
+            raise
 
     def execute(self, *args: Any, **options: Any) -> Any:
         self.json_written = False
