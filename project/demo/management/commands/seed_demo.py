@@ -81,13 +81,16 @@ class Command(BaseCommand):
             ]
             if not due:
                 break
-            wait = (min(h.alarm.next_run for h in due if h.alarm) - clock.now()).total_seconds()
+            earliest = min(h.alarm.next_run for h in due if h.alarm)
+            wait = (earliest - clock.now()).total_seconds()
             time.sleep(max(0.0, min(wait, DUE_AHEAD.total_seconds())))
             for host in due:
                 try:
                     run_pass(host)
                 except Exception:  # a demo failure (webhooks): the cluster retries it
                     failed.add(host.pk)
+            if clock.now() < earliest:  # a clock that does not follow time (a test's)
+                break
 
     def park_digest(self, host: Host) -> str:
         """Park ``digest``: its 8 no-progress passes, run now on a clock that skips their
