@@ -12,7 +12,7 @@ Note [Passes stream]
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.management.base import CommandError, CommandParser
 
@@ -61,16 +61,19 @@ class Command(DurableCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        hosts = _selected(options)
+        try:
+            hosts = _selected(options)
+        except KeyboardInterrupt:
+            raise CommandError("Interrupted before any pass ran", returncode=INTERRUPTED) from None
         progress = _Progress(len(hosts)) if not options["json"] and _tty() else None
         results: list[dict[str, Any]] = []
         failed = 0
-        interrupted: str | None = None
+        running: str | None = None  # the host whose pass is under way
         try:
             for host in hosts:
-                interrupted = host.key
+                running = host.key
                 result = _pass(host)
-                interrupted = None
+                running = None
                 results.append(result)
                 failed += not result["ok"]
                 if not options["json"]:
@@ -83,7 +86,7 @@ class Command(DurableCommand):
         except KeyboardInterrupt:
             if progress:
                 progress.clear()
-            self._interrupted(options, results, failed, len(hosts), interrupted)
+            self._interrupted(options, results, failed, len(hosts), running)
         if progress:
             progress.clear()
         if options["json"]:
@@ -100,7 +103,7 @@ class Command(DurableCommand):
         failed: int,
         total: int,
         running: str | None,
-    ) -> None:
+    ) -> NoReturn:
         if options["json"]:
             self.write_json(
                 {"passes": results, "failed": failed, "interrupted": True, "hosts": total}
