@@ -2,7 +2,9 @@
 ``durable_agent/admin/submission_list.py``) and the retention of settled submissions: the
 list's ordering (``-updated_at, -id``), the idempotency-key and thread-key searches, and the
 settled submissions by age. Building them reads each table once and blocks its writes
-meanwhile (a few seconds at a million submissions).
+meanwhile (a few seconds at a million submissions). Since ``updated_at`` is indexed, a
+write that changes it (a transition, a lease renewal) also writes the table's index entries
+(no heap-only update): the price of a list that reads the most recent work first.
 """
 
 from django.db import migrations, models
