@@ -35,6 +35,8 @@ class Thread(models.Model):
 
     class Meta:
         ordering = ["host", "key"]
+        # The admin's submission search finds a thread by its key alone.
+        indexes = [models.Index(fields=["key"], name="da_thread_key")]
         constraints = [
             models.UniqueConstraint(fields=["host", "key"], name="da_thread_one_per_host_key"),
             models.CheckConstraint(
@@ -187,6 +189,15 @@ class Submission(models.Model):
                 fields=["host", "thread", "sequence"],
                 condition=~Q(state="settled"),
                 name="da_submission_nonterminal",
+            ),
+            # The admin's submission list: its ordering, its idempotency-key search, and the
+            # retention of settled submissions (oldest first).
+            models.Index(fields=["-updated_at", "-id"], name="da_submission_updated"),
+            models.Index(fields=["idempotency_key"], name="da_submission_idempotency"),
+            models.Index(
+                fields=["settled_at"],
+                condition=Q(state="settled"),
+                name="da_submission_settled",
             ),
         ]
 

@@ -60,7 +60,6 @@ def test_spans__a_failed_pass_records_its_error(
     assert [e.name for e in by_name["durable_agent.pass"].events] == ["exception"]
 
 
-
 class _UnreadableError(Exception):
     def __str__(self) -> str:
         raise RuntimeError("__str__ exploded")
@@ -76,7 +75,7 @@ def test_spans__an_error_whose_str_raises_is_recorded_by_its_description(
     caught_up(host)
     gate.schedule(host, "outbox", clock.now())
     spans.clear()
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(_UnreadableError) as raised:
         run_pass(host)
     # the lane's failure, not the RuntimeError its __str__ raises while a span records it
     assert "could not be read: RuntimeError" in describe_error(raised.value)
@@ -86,6 +85,7 @@ def test_spans__an_error_whose_str_raises_is_recorded_by_its_description(
     assert event.attributes["exception.message"] == (
         "_UnreadableError: (the message of this _UnreadableError could not be read: RuntimeError)"
     )
+
 
 def test_spans__gate_transaction(host: Host, clock: FakeClock, spans: InMemorySpanExporter) -> None:
     with gate.transaction(host) as tx:

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from durable_agent.maintenance.operators.audit import audit_all, repair_host
+from durable_agent.management.commands._common import DurableCommand
 from durable_agent.models import Host
 from durable_agent.runtime import get_runtime
 
 
-class Command(BaseCommand):
+class Command(DurableCommand):
     help = (
         "Check that every host with owed work holds an alarm early enough, and that no host is "
         "failing (its last FAILING_AFTER_PASSES passes failed). Also reports overdue slots, "
         "parked lanes, expired mutation tickets and stale pass leases. Exit status 1 on a "
         "violation or a failing host; --repair re-arms violating hosts (audited) and says what "
-        "changed (it cannot fix a failing host: fix the error it reports)."
+        "changed (it cannot fix a failing host: fix the error it reports). Any other error is "
+        "one CommandError line (a JSON object with --json)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -54,7 +55,7 @@ class Command(BaseCommand):
             if options["repair"]:
                 data["repaired"] = repaired
                 data["ok_after_repair"] = after.ok
-            self.stdout.write(json.dumps(data, indent=2))
+            self.write_json(data)
         else:
             self._print(summary, repaired)
         if not after.ok:
