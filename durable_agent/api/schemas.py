@@ -59,7 +59,15 @@ def _query_bool(value: object) -> object:
     raise ValueError("Input should be true or false")
 
 
-UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+def _datetime_text(value: object) -> object:
+    """Only an ISO 8601 string (or a ``datetime``): pydantic would also read a number as seconds
+    since 1970, which the schema's ``format: date-time`` does not allow."""
+    if isinstance(value, str | datetime):
+        return value
+    raise ValueError("Input should be an ISO 8601 date-time string with a time zone")
+
+
+UtcDatetime = Annotated[AwareDatetime, BeforeValidator(_datetime_text), AfterValidator(_to_utc)]
 QueryBool = Annotated[bool, BeforeValidator(_query_bool)]
 HostKey = Annotated[str, Field(min_length=1, max_length=MAX_HOST_KEY_LENGTH, pattern=HOST_KEY)]
 LaneId = Annotated[str, Field(min_length=1, max_length=MAX_LANE_ID_LENGTH, pattern=LANE_ID)]
