@@ -1,4 +1,8 @@
-"""System checks for the DURABLE_AGENT settings (ids ``durable_agent.E001``...)."""
+"""System checks for the DURABLE_AGENT settings (ids ``durable_agent.E001``...).
+
+Size: one check per setting or deployment rule, each short and documented in
+docs/settings.md; they are registered together so ``manage.py check`` lists them in one place.
+"""
 
 from __future__ import annotations
 

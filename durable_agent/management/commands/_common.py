@@ -22,7 +22,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, OperationalError, ProgrammingError
 
-from durable_agent.errors import describe_error
+from durable_agent.text import error_text
+
+DESCRIBED_CHARS = 2000
+"""A printed error is cut to this many characters (as the pass records it)."""
 
 
 def decodable(text: str) -> bool:
@@ -105,8 +108,7 @@ class DurableCommand(BaseCommand):
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` of ``exc`` (``durable_agent.errors.describe_error``: never raising,
-    an exception whose ``str()`` raises named by its type), printable: characters no terminal
-    can show are escaped."""
-    text = describe_error(exc)
-    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    """``Type: message`` of ``exc`` as the runtime stores it (``durable_agent.text.error_text``:
+    never raising, an exception whose ``str()`` raises named by its type, a NUL or a lone
+    surrogate shown as U+FFFD), so what a command prints matches the admin and the API."""
+    return error_text(exc, limit=DESCRIBED_CHARS)
