@@ -23,7 +23,10 @@ Then chaos stops, the clusters keep running until every submission settles (or
 
 - every accepted submission is in the ledger once, settled with the outcome its agent and the
   operator's decision call for, and ran (or did not run) accordingly;
-- no agent ran twice unless the process or the connection that ran it first was killed;
+- no agent ran twice unless the process or the connection that ran it first was killed, or its
+  first attempt failed by design (``soak-retry``, retried by its ``RetryPolicy``); every
+  completed ``soak-retry`` submission took at least two attempts (the retried attempts are
+  counted);
 - the invariant audit is clean;
 - every error anywhere (a producer's exception, a 5xx response, an unexpected 4xx, a failed
   django-q task, an ERROR log record in any soak process) is counted, and only an error on a
@@ -70,8 +73,8 @@ os.environ.setdefault("SOAK_SOURCE", "soak")
 from bench import faults
 from bench.common import ROOT, percentile, reset, setup
 
-AGENTS = ["soak-safe", "soak-plain", "soak-approval"]
-AGENT_WEIGHTS = [45, 45, 10]
+AGENTS = ["soak-safe", "soak-plain", "soak-approval", "soak-retry"]
+AGENT_WEIGHTS = [40, 40, 10, 10]
 MAX_ATTEMPTS = 30  # per request; a client that gives up is an error
 DECISIONS = ("approve", "reject", "abort")
 EXPECTED_OUTCOME = {"approve": "completed", "reject": "failed", "abort": "aborted"}
@@ -741,10 +744,21 @@ def main() -> int:
         for agent, outcome in Submission.objects.values_list("agent", "outcome")
     )
     runs: dict[int, list[tuple[float, int | None, int | None]]] = {}
-    for sid, at, os_pid, db_pid in Execution.objects.order_by("id").values_list(
-        "submission_id", "at", "os_pid", "db_pid"
+    failed_by_design: set[tuple[int, int]] = set()  # (submission, run index): a policy retry
+    retrying = set(Submission.objects.filter(agent="soak-retry").values_list("id", flat=True))
+    for sid, at, os_pid, db_pid, attempt in Execution.objects.order_by("id").values_list(
+        "submission_id", "at", "os_pid", "db_pid", "attempt"
     ):
+        if sid in retrying and attempt == 1:
+            failed_by_design.add((sid, len(runs.get(sid, []))))
         runs.setdefault(sid, []).append((at.timestamp(), os_pid, db_pid))
+    retried = Submission.objects.filter(agent="soak-retry", attempts__gte=2)
+    retried_attempts = sum(n - 1 for n in retried.values_list("attempts", flat=True))
+    not_retried = list(
+        Submission.objects.filter(
+            agent="soak-retry", outcome="completed", attempts__lt=2
+        ).values_list("id", flat=True)[:10]
+    )
     wrong_outcome, ran_wrongly = [], []
     for sid, agent, outcome in Submission.objects.filter(state="settled").values_list(
         "id", "agent", "outcome"
@@ -777,7 +791,9 @@ def main() -> int:
     unexplained_reruns = {
         sid: r
         for sid, r in reran.items()
-        if not all(crashed(r[i], r[i + 1][0]) for i in range(len(r) - 1))
+        if not all(
+            (sid, i) in failed_by_design or crashed(r[i], r[i + 1][0]) for i in range(len(r) - 1)
+        )
     }
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
     passes = PassRecord.objects.count()
@@ -807,6 +823,7 @@ def main() -> int:
             ("wrong outcome", wrong_outcome),
             ("ran / did not run wrongly", ran_wrongly),
             ("agent re-run without a crash", unexplained_reruns),
+            ("soak-retry completed without its retry", not_retried),
             ("audit", not summary.ok),
             ("errors not explained by an injected fault", unexplained),
             ("deadlocks", deadlocks_grew),
@@ -841,8 +858,10 @@ def main() -> int:
                 f"| unsettled | {unsettled} |",
                 f"| outcomes | {dict(sorted(outcomes.items()))} |",
                 f"| wrong outcome / ran wrongly | {len(wrong_outcome)} / {len(ran_wrongly)} |",
-                f"| agents re-run: after a kill / unexplained | "
+                f"| agents re-run: after a kill or a policy retry / unexplained | "
                 f"{len(reran) - len(unexplained_reruns)} / {len(unexplained_reruns)} |",
+                f"| retried attempts (RetryPolicy): submissions / attempts | "
+                f"{retried.count()} / {retried_attempts} |",
                 f"| operator decisions (approve, reject, abort) | "
                 f"{dict(Counter(tally.intended.values()))} |",
                 f"| API responses (action status: count) | {http} |",

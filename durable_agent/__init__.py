@@ -1,7 +1,8 @@
 """durable_agent: durable agent threads for Django, kept alive by one durable alarm per host.
 
 Importing this package touches no models and no settings: ``agent``, ``submit``, ``abort``,
-``approve`` and ``resolve_unknown`` are imported from ``durable_agent.agents`` on first use.
+``approve``, ``resolve_unknown``, ``wait`` and ``RetryPolicy`` are imported from
+``durable_agent.agents`` on first use.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from durable_agent.agents.registry import agent
+    from durable_agent.agents.retry_policy import RetryPolicy
     from durable_agent.agents.services import abort, approve, resolve_unknown, submit
+    from durable_agent.agents.waiting import wait
 
 __version__ = "0.1.0.dev0"
 
@@ -21,9 +24,20 @@ _EXPORTS = {
     "abort": "durable_agent.agents.services",
     "approve": "durable_agent.agents.services",
     "resolve_unknown": "durable_agent.agents.services",
+    "wait": "durable_agent.agents.waiting",
+    "RetryPolicy": "durable_agent.agents.retry_policy",
 }
 
-__all__ = ["__version__", "abort", "agent", "approve", "resolve_unknown", "submit"]
+__all__ = [
+    "RetryPolicy",
+    "__version__",
+    "abort",
+    "agent",
+    "approve",
+    "resolve_unknown",
+    "submit",
+    "wait",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,8 @@
-"""System checks for the DURABLE_AGENT settings (ids ``durable_agent.E001``...)."""
+"""System checks for the DURABLE_AGENT settings (ids ``durable_agent.E001``...).
+
+Size: one check per setting or deployment rule, each short and documented in
+docs/settings.md; they are registered together so ``manage.py check`` lists them in one place.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.db import DatabaseError, connections
+from django.db.migrations.executor import MigrationExecutor
 from django.utils.module_loading import import_string
 
 from durable_agent import conf
@@ -247,6 +253,43 @@ def check_project(
             )
         )
     return messages
+
+
+@register()
+def check_cluster_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``manage.py qcluster`` only: its database is reachable and migrated (E022).
+
+    Without it a cluster on an unmigrated database starts anyway and each of its processes
+    logs a traceback per missing table; the check stops it first with one message.
+    """
+    if not conf.running_qcluster():
+        return []
+    cluster = getattr(settings, "Q_CLUSTER", None)
+    alias = str((cluster if isinstance(cluster, dict) else {}).get("orm") or "default")
+    hint = f"Run `manage.py migrate --database {alias}`, then start qcluster again."
+    try:
+        executor = MigrationExecutor(connections[alias])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return [
+            Error(
+                f"qcluster cannot read the migrations of database {alias!r}: {first}",
+                hint=f"Check DATABASES[{alias!r}] and that the database server is up.",
+                id="durable_agent.E022",
+            )
+        ]
+    if not plan:
+        return []
+    migration = plan[0][0]
+    return [
+        Error(
+            f"The database {alias!r} is not migrated ({len(plan)} migrations unapplied, the "
+            f"first {migration.app_label}.{migration.name}): the cluster cannot run.",
+            hint=hint,
+            id="durable_agent.E022",
+        )
+    ]
 
 
 def _is_alarm_broker(path: object) -> bool:

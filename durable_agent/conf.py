@@ -233,6 +233,15 @@ SETTINGS: tuple[Setting, ...] = (
         "django-q Task rows of the alarm task older than this are pruned (None = keep).",
     ),
     Setting(
+        "RETENTION_SUBMISSIONS_MS",
+        None,
+        (int, type(None)),
+        1_000,
+        MAX_RETENTION_MS,
+        "Settled submissions older than this are pruned by the sweep, the last of each thread "
+        "kept (None = keep forever).",
+    ),
+    Setting(
         "RETENTION_BATCH_SIZE",
         500,
         int,
@@ -452,6 +461,10 @@ def retention_recovery_events() -> timedelta | None:
 
 def retention_tasks() -> timedelta | None:
     return _retention("RETENTION_TASKS_MS")
+
+
+def retention_submissions() -> timedelta | None:
+    return _retention("RETENTION_SUBMISSIONS_MS")
 
 
 def retention_batch_size() -> int:

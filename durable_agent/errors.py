@@ -223,3 +223,10 @@ def is_stop(exc: BaseException) -> bool:
         ):
             return True
     return False
+
+
+class WaitTimeout(DurableAgentError, TimeoutError):
+    """The submission did not settle within the timeout of durable_agent.wait(); it is still
+    queued or running: wait again, or read its state later."""
+
+    code = "wait_timeout"

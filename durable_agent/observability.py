@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durable_agent import clock, signals
-from durable_agent.errors import describe_error
+from durable_agent.errors import describe_error, type_name
 
 if TYPE_CHECKING:
     from durable_agent.maintenance.passes.pass_records import PassReport
@@ -73,8 +73,32 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
         return
     tracer = _tracer()
     attrs = {f"durable_agent.{k}": v for k, v in attributes.items() if v is not None}
-    with tracer.start_as_current_span(name, attributes=attrs) as current:
-        yield current
+    with tracer.start_as_current_span(
+        name, attributes=attrs, record_exception=False, set_status_on_exception=False
+    ) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            _record_failure(current, exc)
+            raise
+
+
+def _record_failure(current: Any, exc: BaseException) -> None:
+    """Mark ``current`` failed with ``exc`` as an ``exception`` event, never raising.
+
+    OpenTelemetry's own recording calls ``str(exc)``, which runs agent or lane code (a
+    ``__str__`` may raise anything) and would replace the failure being recorded; so the span
+    is told of it through the one description that never raises (Note [Describing an error]).
+    """
+    try:
+        description = describe_error(exc)
+        current.set_status(_trace.Status(_trace.StatusCode.ERROR, description))
+        current.add_event(
+            "exception",
+            {"exception.type": type_name(exc), "exception.message": description},
+        )
+    except Exception:  # the tracer failing must not hide the failure itself
+        logger.warning("Recording a failure on a span failed", exc_info=True)
 
 
 def in_current_trace(fn: Callable[[], T]) -> Callable[[], T]:

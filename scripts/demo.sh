@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: migrate the SQLite database (db.sqlite3), ensure the demo superuser, seed demo
 # data when `manage.py seed_demo` exists, then run a django-q2 cluster in the background and
-# the development server until Ctrl-C. Stopping either one stops both.
+# the development server until Ctrl-C (which ends it cleanly, status 0). Stopping either one
+# stops both. SQLITE_PATH (project/settings.py) picks another database file.
 #
 # DEBUG is off unless DJANGO_DEBUG=1; the development server then serves the admin's static
 # files itself (runserver --insecure, for this local demo only). Without DJANGO_SECRET_KEY the
@@ -71,7 +72,8 @@ cleanup() {
     echo "Stopped."
 }
 trap cleanup EXIT
-trap 'exit 130' INT
+# Ctrl-C is how the demo ends: a clean exit, so `make demo` adds no "Error 130" line.
+trap 'exit 0' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 

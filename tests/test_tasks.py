@@ -29,6 +29,7 @@ NOTHING_PRUNED = {
     "pruned_recovery_events": 0,
     "expired_tickets": 0,
     "pruned_tasks": 0,
+    "pruned_submissions": 0,
 }
 
 

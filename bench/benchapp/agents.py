@@ -1,5 +1,5 @@
 """Agents the soak runs: short simulated work, one retry-safe, one plain, one that asks for
-approval before it works."""
+approval before it works, and one whose first attempt fails and is retried by its policy."""
 
 from __future__ import annotations
 
@@ -67,3 +67,19 @@ def bench_approval(ctx: Any, payload: dict[str, Any]) -> None:
     _stamp(ctx, "start")
     ctx.suspend_for_approval("bench")
     _stamp(ctx, "resumed")
+
+
+class FirstTryFails(Exception):
+    """The soak-retry agent's first attempt, by design."""
+
+
+@durable_agent.agent(
+    "soak-retry",
+    version="1",
+    retry=durable_agent.RetryPolicy(on=(FirstTryFails,), max_attempts=3, backoff=0.2, cap=0.5),
+)
+def soak_retry(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    result = _work(ctx, payload)  # recorded: the soak explains this run by the retry
+    if ctx.attempt == 1:
+        raise FirstTryFails("the first attempt fails; the policy runs it again")
+    return result

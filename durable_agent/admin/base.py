@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,7 +54,12 @@ class ReadOnlyAdmin(_Base[_M]):
         return [_utc_column(self.model, name) for name in super().get_list_display(request)]
 
 
+@functools.cache
 def _utc_column(model: type[Model], name: Any) -> Any:
+    """The column of ``name``, the same object on every call: Django's default
+    ``sortable_by`` is a second ``get_list_display()``, and a column sorts only if it is in
+    it (a new function each call would leave every datetime column unsortable, its sort
+    arrow never shown)."""
     if not isinstance(name, str):
         return name
     try:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from durable_agent.agents.context import AgentContext, ApprovalRequested
     from durable_agent.agents.registry import AgentSpec, agent, registry_key
+    from durable_agent.agents.retry_policy import RetryPolicy
     from durable_agent.agents.runtime import ReferenceRuntime
     from durable_agent.agents.services import (
         MAX_PAYLOAD_BYTES,
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
         resolve_unknown,
         submit,
     )
+    from durable_agent.agents.waiting import wait
 
 _EXPORTS = {
     "AgentContext": "durable_agent.agents.context",
@@ -36,6 +38,8 @@ _EXPORTS = {
     "approve": "durable_agent.agents.services",
     "resolve_unknown": "durable_agent.agents.services",
     "submit": "durable_agent.agents.services",
+    "wait": "durable_agent.agents.waiting",
+    "RetryPolicy": "durable_agent.agents.retry_policy",
 }
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "ApprovalRequested",
     "Receipt",
     "ReferenceRuntime",
+    "RetryPolicy",
     "SubmissionStatus",
     "abort",
     "agent",
@@ -52,6 +57,7 @@ __all__ = [
     "registry_key",
     "resolve_unknown",
     "submit",
+    "wait",
 ]
 
 

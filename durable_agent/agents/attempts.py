@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from durable_agent import clock, signals
-from durable_agent.agents import leases, registry, transitions
+from durable_agent.agents import leases, registry, retries, transitions
 from durable_agent.agents.context import (
     MAX_APPROVAL_REASON_LENGTH,
     AgentContext,
@@ -93,6 +93,8 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
     head = head_of(host, thread)
     if head is None or head.state != SubmissionState.READY or head.abort_requested_at:
         return None
+    if head.not_before is not None and head.not_before > clock.now():
+        return None  # Note [Delayed heads]
     spec = registry.lookup(head.agent, head.agent_version)
     if spec is None:
         raise BindingUnavailable(
@@ -212,6 +214,9 @@ def _settle(
             return None
         now = clock.now()
         error = None if failure is None else transitions.error_of(failure)
+        if row.abort_requested_at is None and retries.retry(host, row, owner, failure, error, now):
+            tx.record_progress([NATIVE])
+            return None
         if row.abort_requested_at is not None:
             outcome = SubmissionOutcome.ABORTED
         elif failure is not None:
@@ -243,6 +248,15 @@ def _suspend(host: Host, submission: Submission, owner: str, reason: str) -> Set
         tx.record_progress([NATIVE])
         if aborted:
             signals.submission_settled_on_commit(row.pk, row.host_id, SubmissionOutcome.ABORTED)
+        else:
+            signals.needs_operator_on_commit(
+                host_id=row.host_id,
+                submission_id=row.pk,
+                thread=submission.thread.key,
+                agent=row.agent,
+                version=row.agent_version,
+                reason="approval",
+            )
     if aborted:
         return Settlement(submission.thread.key, str(submission.pk), SubmissionOutcome.ABORTED)
     return None

@@ -164,6 +164,15 @@ def _recover(
         return None  # renewed or settled by its owner meanwhile: nothing to repair
     if fields["state"] == SubmissionState.SETTLED:
         signals.submission_settled_on_commit(row.pk, row.host_id, SubmissionOutcome.ABORTED)
+    if fields["state"] == SubmissionState.UNKNOWN:
+        signals.needs_operator_on_commit(
+            host_id=row.host_id,
+            submission_id=row.pk,
+            thread=thread,
+            agent=row.agent,
+            version=row.agent_version,
+            reason="unknown",
+        )
     logger.info(
         "Recovered submission %s of thread %r after its lease expired: %s",
         row.pk,

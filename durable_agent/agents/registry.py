@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durable_agent.agents.errors import AgentAlreadyRegistered
+from durable_agent.agents.retry_policy import RetryPolicy
 from durable_agent.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class AgentSpec:
     fn: AgentFunction
     retry_safe: bool = False
     strict_order: bool = False
+    retry: RetryPolicy | None = None
 
     @property
     def binding(self) -> tuple[str, str]:
@@ -109,6 +111,7 @@ def register(
     version: str | int = "1",
     retry_safe: bool = False,
     strict_order: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> AgentSpec:
     """Register ``fn(ctx, payload) -> result`` as the binding (name, version).
 
@@ -130,6 +133,7 @@ def register(
         fn=fn,
         retry_safe=bool(retry_safe),
         strict_order=bool(strict_order),
+        retry=_validate_retry(retry),
     )
     with _lock:
         existing = _agents.get(spec.binding)
@@ -137,6 +141,7 @@ def register(
             _same_function(existing.fn, fn)
             and existing.retry_safe == spec.retry_safe
             and existing.strict_order == spec.strict_order
+            and existing.retry == spec.retry
         ):
             raise AgentAlreadyRegistered(
                 f"Agent {name!r} version {version!r} is already registered to "
@@ -151,7 +156,12 @@ def register(
 
 
 def agent(
-    name: str, *, version: str | int = "1", retry_safe: bool = False, strict_order: bool = False
+    name: str,
+    *,
+    version: str | int = "1",
+    retry_safe: bool = False,
+    strict_order: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[F], F]:
     """Decorator form of :func:`register`; returns the function unchanged.
 
@@ -164,13 +174,31 @@ def agent(
         strict_order: an ``unknown`` submission of this agent holds up the later submissions
             of its thread until an operator resolves or aborts it. By default (False) the
             next submission becomes the thread's head and runs; the unknown one waits alone.
+        retry: a :class:`~durable_agent.RetryPolicy`: the exceptions that run the submission
+            again, how many times and how far apart (``durable_agent/agents/retries.py``).
+            None (the default): a failed attempt settles ``failed``.
     """
 
     def decorate(fn: F) -> F:
-        register(name, fn, version=version, retry_safe=retry_safe, strict_order=strict_order)
+        register(
+            name,
+            fn,
+            version=version,
+            retry_safe=retry_safe,
+            strict_order=strict_order,
+            retry=retry,
+        )
         return fn
 
     return decorate
+
+
+def _validate_retry(retry: object) -> RetryPolicy | None:
+    if retry is None or isinstance(retry, RetryPolicy):
+        return retry
+    raise InvalidInput(
+        f"retry is a durable_agent.RetryPolicy or None, not {type(retry).__name__}", retry=retry
+    )
 
 
 def unregister(name: str, version: str | int = "1") -> bool:

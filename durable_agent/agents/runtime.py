@@ -31,7 +31,7 @@ class ReferenceRuntime:
             Submission.objects.nonterminal()
             .filter(host=host)
             .order_by("thread__key", "sequence")
-            .values_list("thread__key", "pk", "state", "agent", "agent_version")
+            .values_list("thread__key", "pk", "state", "agent", "agent_version", "not_before")
         )
         return [
             WorkItem(
@@ -39,8 +39,9 @@ class ReferenceRuntime:
                 submission=str(pk),
                 state=state,
                 holds_thread=attempts.holds_thread(state, agent, version),
+                not_before=not_before,
             )
-            for key, pk, state, agent, version in rows
+            for key, pk, state, agent, version, not_before in rows
         ]
 
     def discover_work_threads(self, host: Host, after: str | None, limit: int) -> DiscoveryPage:

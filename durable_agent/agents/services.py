@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from django.db.models import Max
 
 from durable_agent import clock, signals
-from durable_agent.agents import registry, transitions
+from durable_agent.agents import delays, registry, transitions
 from durable_agent.agents.errors import (
     AgentNotRegistered,
     IdempotencyConflict,
@@ -241,6 +242,7 @@ def submit(
     payload: Any,
     idempotency_key: str | None = None,
     version: str | int | None = None,
+    not_before: datetime | timedelta | None = None,
 ) -> Receipt:
     """Accept ``payload`` for ``agent`` at the end of ``thread`` (created on first use).
 
@@ -256,6 +258,9 @@ def submit(
             ``MAX_PAYLOAD_DEPTH`` deep, without NUL characters or lone surrogates.
         idempotency_key: 1-200 characters, unique per thread; None generates one.
         version: the agent version; None means the only registered version.
+        not_before: delay the start: an aware datetime, or a timedelta from now (at most
+            ``delays.MAX_DELAY``); the submissions behind it on its thread wait with it.
+            A replayed key keeps the original time.
 
     Raises:
         HostNotFound, InvalidThreadKey, AgentNotRegistered, InvalidPayload, PayloadTooLarge,
@@ -267,6 +272,7 @@ def submit(
     key = _validate_idempotency_key(idempotency_key)
     host_id = resolve_host_id(host)
     now = clock.now()
+    start_at = delays.resolve_not_before(not_before, now)
     with gate.transaction(host_id) as tx:
         thread_row = _lock_thread(host_id, thread_key, now)
         existing = Submission.objects.filter(thread=thread_row, idempotency_key=key).first()
@@ -283,6 +289,7 @@ def submit(
             payload=value,
             idempotency_key=key,
             state=SubmissionState.READY,
+            not_before=start_at,
             created_at=now,
             updated_at=now,
         )

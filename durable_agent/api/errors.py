@@ -100,6 +100,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "lane_not_registered": 500,
     "agent_already_registered": 500,
     "transaction_misuse": 500,
+    "wait_timeout": 500,
     # 503: the database did not answer; retry after Retry-After seconds
     "database_unavailable": 503,
 }

@@ -11,6 +11,7 @@ from durable_agent import clock
 from durable_agent.api import cursors
 from durable_agent.api.errors import declared as errors
 from durable_agent.api.schemas import (
+    AttentionOut,
     AuditOut,
     AuditPageOut,
     BindingRetryOut,
@@ -250,6 +251,8 @@ def _bounded_health(summary: AuditSummary) -> HealthOut:
         parked={host: list(lanes)[:n] for host, lanes in parked[:n]},
         expired_tickets=summary.expired_tickets,
         stale_leases=list(summary.stale_leases[:n]),
+        degraded=summary.degraded,
+        attention=AttentionOut.model_validate(summary.attention.as_dict()),
     )
 
 

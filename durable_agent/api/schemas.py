@@ -59,7 +59,15 @@ def _query_bool(value: object) -> object:
     raise ValueError("Input should be true or false")
 
 
-UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+def _datetime_text(value: object) -> object:
+    """Only an ISO 8601 string (or a ``datetime``): pydantic would also read a number as seconds
+    since 1970, which the schema's ``format: date-time`` does not allow."""
+    if isinstance(value, str | datetime):
+        return value
+    raise ValueError("Input should be an ISO 8601 date-time string with a time zone")
+
+
+UtcDatetime = Annotated[AwareDatetime, BeforeValidator(_datetime_text), AfterValidator(_to_utc)]
 QueryBool = Annotated[bool, BeforeValidator(_query_bool)]
 HostKey = Annotated[str, Field(min_length=1, max_length=MAX_HOST_KEY_LENGTH, pattern=HOST_KEY)]
 LaneId = Annotated[str, Field(min_length=1, max_length=MAX_LANE_ID_LENGTH, pattern=LANE_ID)]
@@ -321,6 +329,16 @@ class HealthCountsOut(Schema):
     stale_leases: int = Field(description="Hosts whose pass lease expired unreleased.")
 
 
+class AttentionOut(Schema):
+    """Work that waits for a person, across hosts."""
+
+    unknown: int = Field(description="Submissions whose side effect's outcome is unknown.")
+    suspended: int = Field(description="Submissions waiting for approval.")
+    binding_waits: int = Field(description="Heads parked on a missing agent binding.")
+    failing_hosts: int
+    total: int
+
+
 class HealthOut(Schema):
     ok: bool = Field(description="No host violates the alarm invariant and none is failing.")
     hosts: int
@@ -337,6 +355,10 @@ class HealthOut(Schema):
     parked: dict[str, list[str]]
     expired_tickets: int
     stale_leases: list[str]
+    degraded: bool = Field(
+        description="Work waits for a person (see `attention`); not a failure of the alarms."
+    )
+    attention: AttentionOut
 
 
 # -- repairs ------------------------------------------------------------------------------
@@ -388,6 +410,11 @@ class SubmitIn(ObjectIn):
     idempotency_key: IdempotencyKey | None = Field(
         None, description="Or the Idempotency-Key header; replaying it returns the receipt."
     )
+    not_before: UtcDatetime | None = Field(
+        None,
+        description="Delay the start to this time (with a time zone; at most 366 days ahead). "
+        "The submissions behind it on its thread wait with it.",
+    )
 
 
 class ReceiptOut(Schema):
@@ -410,6 +437,10 @@ class SubmissionSummaryOut(Schema):
     state: SubmissionStateName
     outcome: OutcomeName | None
     attempts: int
+    not_before: datetime | None = Field(
+        description="The agent does not start before this time: a delayed submission, or the "
+        "next try of a retry (the last try's error is in `error` meanwhile)."
+    )
     abort_requested_at: datetime | None
     approval_reason: str | None
     created_at: datetime
@@ -425,6 +456,21 @@ class SubmissionOut(SubmissionSummaryOut):
     error: Any
     approved_at: datetime | None
     lease_expires_at: datetime | None
+
+
+MAX_WAIT_SECONDS = 30
+"""The longest ``GET submissions/{id}?wait=`` holds a request (docs/api.md)."""
+
+
+class SubmissionWaitQuery(Schema):
+    wait: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        allow_inf_nan=False,
+        description="Hold the request up to this many seconds (at most 30) until the "
+        "submission settles; it answers with the current state either way.",
+    )
 
 
 class SubmissionPageOut(Schema):

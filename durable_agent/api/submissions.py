@@ -8,12 +8,13 @@ already used on the thread with the same agent and payload. Abort, approve and r
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 from django.http import HttpRequest
 from ninja import Body, Header, Path, Query, Router, Status
 
-from durable_agent.agents import services
+from durable_agent.agents import services, waiting
 from durable_agent.agents.errors import SubmissionNotFound
 from durable_agent.api import cursors
 from durable_agent.api.auth import require_repair, require_submission_reader, require_submit
@@ -34,10 +35,12 @@ from durable_agent.api.schemas import (
     SubmissionPageOut,
     SubmissionStatusOut,
     SubmissionSummaryOut,
+    SubmissionWaitQuery,
     SubmitIn,
     ThreadKey,
 )
 from durable_agent.api.selectors import get_host
+from durable_agent.errors import WaitTimeout
 from durable_agent.models import Submission
 from durable_agent.text import validate_reason
 
@@ -92,6 +95,7 @@ def submit(
         payload=body.payload,
         idempotency_key=key_in_body or idempotency_key,
         version=body.version,
+        not_before=body.not_before,
     )
     out = ReceiptOut(
         submission_id=receipt.submission_id,
@@ -169,6 +173,7 @@ def _summary(row: Submission) -> SubmissionSummaryOut:
         state=row.state,  # type: ignore[arg-type]
         outcome=row.outcome,  # type: ignore[arg-type]
         attempts=row.attempts,
+        not_before=row.not_before,
         abort_requested_at=row.abort_requested_at,
         approval_reason=row.approval_reason,
         created_at=row.created_at,
@@ -183,9 +188,15 @@ def _summary(row: Submission) -> SubmissionSummaryOut:
     summary="One submission",
     operation_id="get_submission",
 )
-def get_submission(request: HttpRequest, submission_id: Path[RowId]) -> SubmissionOut:
-    """A submission's state, outcome, result and timeline."""
+def get_submission(
+    request: HttpRequest, submission_id: Path[RowId], query: Query[SubmissionWaitQuery]
+) -> SubmissionOut:
+    """A submission's state, outcome, result and timeline; with ``wait``, a long poll that
+    answers once it settles or after ``wait`` seconds (at most 30), whichever comes first."""
     require_submission_reader(request)
+    if query.wait:
+        with contextlib.suppress(WaitTimeout):  # then answer with the current state
+            waiting.wait(submission_id, timeout=query.wait)
     row = Submission.objects.select_related("host", "thread").filter(pk=submission_id).first()
     if row is None:
         raise SubmissionNotFound(f"No submission with id {submission_id}", submission=submission_id)

@@ -11,7 +11,9 @@ Add it to the project's health view::
     ]
 
 Unavailable when a host is overdue (its alarm is not being fired) or failing (its latest pass
-failed); a warning when a lane is parked. The message counts hosts, never names them.
+failed); a warning (degraded, not down) when a lane is parked or work waits for a person
+(unknown or suspended submissions, heads parked on a missing binding). The message counts,
+never names.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import dataclasses
 from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable, ServiceWarning
 
+from durable_agent.maintenance.operators.attention import attention
 from durable_agent.maintenance.store.selectors import fleet_snapshot
 
 
@@ -37,5 +40,9 @@ class Fleet(HealthCheck):  # type: ignore[misc]
             problems.append(f"{snapshot.failing} host(s) failing")
         if problems:
             raise ServiceUnavailable(", ".join(problems))
-        if snapshot.parked:
-            raise ServiceWarning(f"{snapshot.parked} lane(s) parked")
+        warnings = [f"{snapshot.parked} lane(s) parked"] if snapshot.parked else []
+        waiting = attention(failing_hosts=0)
+        if waiting.total:
+            warnings.append(f"work waits for an operator: {waiting.describe()}")
+        if warnings:
+            raise ServiceWarning(", ".join(warnings))

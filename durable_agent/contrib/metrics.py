@@ -7,11 +7,12 @@ Two kinds (docs/operations.md):
   ``durable_agent_passes_total{phase}``, ``durable_agent_pass_duration_seconds`` and
   ``durable_agent_pass_lateness_seconds`` (histograms). Expose them from the workers (see
   docs/operations.md), or with ``prometheus_client``'s multiprocess mode.
-* **Fleet gauges**, read from the database on each scrape (:class:`FleetCollector`, six
+* **Fleet gauges**, read from the database on each scrape (:class:`FleetCollector`, nine
   queries whatever the number of hosts): ``durable_agent_hosts``,
   ``durable_agent_hosts_armed``, ``durable_agent_hosts_overdue``,
   ``durable_agent_hosts_failing``, ``durable_agent_lanes_parked``,
-  ``durable_agent_submissions_owed``, and ``durable_agent_fleet_up``: 1 when they were read.
+  ``durable_agent_submissions_owed``, ``durable_agent_needs_operator{reason}`` (three more
+  queries: work waiting for a person), and ``durable_agent_fleet_up``: 1 when they were read.
   When the database fails (Note [A scrape without the database]) the scrape still answers 200
   with the pass metrics and ``durable_agent_fleet_up 0``; the other fleet gauges are left out,
   so a dashboard shows a gap, never a stale or zero count.
@@ -46,6 +47,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from durable_agent import signals
+from durable_agent.maintenance.operators.attention import attention
 from durable_agent.maintenance.store.selectors import fleet_snapshot
 
 __all__ = ["FLEET_REGISTRY", "FleetCollector", "metrics_view", "observe_pass"]
@@ -106,6 +108,7 @@ class FleetCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             snapshot = fleet_snapshot()
+            counts = attention(failing_hosts=snapshot.failing)
         except DatabaseFailure as exc:
             if not FleetCollector.database_down:
                 FleetCollector.database_down = True
@@ -142,6 +145,19 @@ class FleetCollector(Collector):
             ),
         ):
             yield GaugeMetricFamily(name, help_text, value=value)
+        waiting = GaugeMetricFamily(
+            "durable_agent_needs_operator",
+            "Work waiting for a person, by reason (unknown, suspended, binding, failing_host).",
+            labels=["reason"],
+        )
+        for reason, value in (
+            ("unknown", counts.unknown),
+            ("suspended", counts.suspended),
+            ("binding", counts.binding_waits),
+            ("failing_host", counts.failing_hosts),
+        ):
+            waiting.add_metric([reason], value)
+        yield waiting
 
 
 FLEET_REGISTRY = CollectorRegistry(auto_describe=False)

@@ -35,6 +35,8 @@ class Thread(models.Model):
 
     class Meta:
         ordering = ["host", "key"]
+        # The admin's submission search finds a thread by its key alone.
+        indexes = [models.Index(fields=["key"], name="da_thread_key")]
         constraints = [
             models.UniqueConstraint(fields=["host", "key"], name="da_thread_one_per_host_key"),
             models.CheckConstraint(
@@ -103,6 +105,12 @@ class Submission(models.Model):
     attempts = models.IntegerField(default=0, help_text="Claims so far.")
     side_effect_marked = models.BooleanField(
         default=False, help_text="The current attempt started a side effect."
+    )
+    not_before = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The agent does not start before this time: a delayed submission, or the "
+        "next try of a retried one (docs/first-agent.md).",
     )
     abort_requested_at = models.DateTimeField(null=True, blank=True)
     approval_reason = models.TextField(null=True, blank=True)
@@ -181,6 +189,15 @@ class Submission(models.Model):
                 fields=["host", "thread", "sequence"],
                 condition=~Q(state="settled"),
                 name="da_submission_nonterminal",
+            ),
+            # The admin's submission list: its ordering, its idempotency-key search, and the
+            # retention of settled submissions (oldest first).
+            models.Index(fields=["-updated_at", "-id"], name="da_submission_updated"),
+            models.Index(fields=["idempotency_key"], name="da_submission_idempotency"),
+            models.Index(
+                fields=["settled_at"],
+                condition=Q(state="settled"),
+                name="da_submission_settled",
             ),
         ]
 

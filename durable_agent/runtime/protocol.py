@@ -26,12 +26,21 @@ class WorkItem:
     ``holds_thread``: an ``unknown`` submission that keeps the later submissions of its thread
     waiting (strict ordering). By default an ``unknown`` submission that recovery reported as
     a stable wait is skipped, and the next one becomes the thread's head.
+
+    ``not_before``: a ``ready`` submission that may not start before this time (delayed work,
+    or a retry's next try). The pass does not attempt it sooner, keeps the host's native work
+    due at that time, and the submissions behind it on its thread wait with it.
     """
 
     thread: str
     submission: str
     state: str
     holds_thread: bool = False
+    not_before: datetime | None = None
+
+    def delayed(self, now: datetime) -> bool:
+        """A ``ready`` item whose ``not_before`` has not come yet."""
+        return self.state == "ready" and self.not_before is not None and self.not_before > now
 
 
 @dataclass(frozen=True)

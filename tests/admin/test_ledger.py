@@ -206,3 +206,23 @@ def test_ledger__read_only(operator_client: Client, queue: dict[str, Submission]
     assert operator_client.get(url).status_code == 200
     assert operator_client.post(url, {"state": "settled"}).status_code == 403
     assert operator_client.get("/admin/durable_agent/thread/add/").status_code == 403
+
+
+def test_submission_page__a_retry_shows_its_attempts_next_try_and_last_error(
+    operator_client: Client, host: Host
+) -> None:
+    thread = ThreadFactory(host=host, key="retrying")
+    waiting = _submission(
+        thread,
+        1,
+        SubmissionState.READY,
+        attempts=2,
+        not_before=T0 + timedelta(seconds=90),
+        error={"type": "RateLimited", "message": "try again later"},
+    )
+    page = operator_client.get(f"/admin/durable_agent/submission/{waiting.pk}/change/")
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "Not before" in text
+    assert "try again later" in text
+    assert "field-attempts" in text

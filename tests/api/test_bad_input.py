@@ -188,6 +188,18 @@ def test_bad_input__a_reason_of_format_characters_is_blank(
     assert footprint() == before
 
 
+@pytest.mark.parametrize("at", ["12345", "1.5", "true", "[]"])
+def test_bad_input__a_datetime_must_be_a_string(
+    web: Client, host: Host, repair_auth: dict[str, str], at: str
+) -> None:
+    # pydantic alone reads a number as seconds since 1970 (the rearm set 1969-12-31)
+    before = footprint()
+    body = '{"reason": "why", "at": ' + at + "}"
+    response = send(web, "POST", f"/hosts/{host.key}/rearm", repair_auth, body)
+    assert_error(response, 422, "validation_error")
+    assert footprint() == before
+
+
 @pytest.mark.parametrize("reason", ["a\\u0000b", "\\ud800"])
 def test_bad_input__an_unstorable_reason_is_422(
     web: Client, host: Host, repair_auth: dict[str, str], reason: str

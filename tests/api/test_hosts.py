@@ -23,6 +23,8 @@ from tests.factories import (
     MaintenanceStateFactory,
     PassRecordFactory,
     RecoveryFaultFactory,
+    SubmissionFactory,
+    ThreadFactory,
 )
 
 pytestmark = pytest.mark.django_db
@@ -346,3 +348,19 @@ def test_health__is_bounded_however_many_hosts_are_unhealthy(
     # the size no longer grows with the unhealthy hosts (only the counts' digits change)
     assert abs(len(large.content) - len(small.content)) < 50
     assert len(large.content) < 100_000
+
+
+def test_health__work_waiting_for_a_person_is_degraded_not_down(
+    client: TestClient, host: Host, clock: FakeClock, read_auth: dict[str, str]
+) -> None:
+    thread = ThreadFactory(host=host, key="t")
+    SubmissionFactory(thread=thread, sequence=1, state="unknown")
+    body = client.get("/health", headers=read_auth).json()
+    assert (body["ok"], body["degraded"]) == (True, True)
+    assert body["attention"] == {
+        "unknown": 1,
+        "suspended": 0,
+        "binding_waits": 0,
+        "failing_hosts": 0,
+        "total": 1,
+    }

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -348,3 +350,67 @@ def test_operator_actions__a_session_user_is_the_actor(
     response = client.post(f"/submissions/{row.pk}/approve", json={"reason": "checked"}, user=user)
     assert response.status_code == 200, response.json()
     assert AlarmAudit.objects.get(host=host).actor == "dana"
+
+
+# -- delayed work and the long poll ------------------------------------------------------------
+
+
+def test_submit__not_before_delays_the_start_and_shows_in_the_submission(
+    client: TestClient, host: Host, echo: Any, repair_auth: dict[str, str], clock: FakeClock
+) -> None:
+    body = {"agent": "echo", "payload": 1, "not_before": "2030-01-01T02:00:00+01:00"}
+    response = client.post(
+        f"/hosts/{host.key}/threads/t/submissions", json=body, headers=repair_auth
+    )
+    assert response.status_code == 201
+    submission_id = response.json()["submission_id"]
+
+    detail = client.get(f"/submissions/{submission_id}", headers=repair_auth).json()
+
+    assert detail["not_before"] == "2030-01-01T01:00:00Z"
+    assert Submission.objects.get(pk=submission_id).not_before == T0 + timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    ("not_before", "code"),
+    [
+        ("2030-01-01T02:00:00", "validation_error"),  # no time zone
+        ("2032-01-01T00:00:00Z", "invalid_input"),  # beyond 366 days
+        ("soon", "validation_error"),
+    ],
+)
+def test_submit__a_bad_not_before_is_422_and_writes_nothing(
+    client: TestClient,
+    host: Host,
+    echo: Any,
+    repair_auth: dict[str, str],
+    clock: FakeClock,
+    not_before: str,
+    code: str,
+) -> None:
+    body = {"agent": "echo", "payload": 1, "not_before": not_before}
+    path = f"/hosts/{host.key}/threads/t/submissions"
+    assert_error(client.post(path, json=body, headers=repair_auth), 422, code)
+    assert not Submission.objects.exists()
+
+
+def test_get_submission__wait_answers_with_the_current_state_after_the_wait(
+    client: TestClient, host: Host, echo: Any, repair_auth: dict[str, str]
+) -> None:
+    submission = make(host)
+    started = time.monotonic()
+
+    response = client.get(f"/submissions/{submission.pk}?wait=0.3", headers=repair_auth)
+
+    assert response.status_code == 200
+    assert response.json()["state"] == "ready"
+    assert time.monotonic() - started >= 0.3
+
+
+@pytest.mark.parametrize("wait", ["-1", "31", "nan", "forever"])
+def test_get_submission__a_bad_wait_is_422(
+    client: TestClient, host: Host, repair_auth: dict[str, str], wait: str
+) -> None:
+    submission = make(host)
+    response = client.get(f"/submissions/{submission.pk}?wait={wait}", headers=repair_auth)
+    assert_error(response, 422, "validation_error")

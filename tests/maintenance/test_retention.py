@@ -151,6 +151,7 @@ def test_batches__one_sweep_deletes_at_most_one_batch_per_table(clock: FakeClock
             "pruned_recovery_events": 3,
             "expired_tickets": 3,
             "pruned_tasks": 3,
+            "pruned_submissions": 0,
         }
         assert PassRecord.objects.count() == 5
         second, third = sweep(), sweep()

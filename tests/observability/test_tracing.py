@@ -7,6 +7,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from durable_agent import lanes, observability
+from durable_agent.errors import describe_error
 from durable_agent.maintenance import gate, run_pass
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.models import Host
@@ -57,6 +58,33 @@ def test_spans__a_failed_pass_records_its_error(
     assert by_name["durable_agent.pass"].status.status_code == StatusCode.ERROR
     assert by_name["durable_agent.wave"].status.status_code == StatusCode.ERROR
     assert [e.name for e in by_name["durable_agent.pass"].events] == ["exception"]
+
+
+class _UnreadableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ exploded")
+
+
+def test_spans__an_error_whose_str_raises_is_recorded_by_its_description(
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime, spans: InMemorySpanExporter
+) -> None:
+    def broken(ctx: object) -> None:
+        raise _UnreadableError()
+
+    lanes.register("outbox", broken)
+    caught_up(host)
+    gate.schedule(host, "outbox", clock.now())
+    spans.clear()
+    with pytest.raises(_UnreadableError) as raised:
+        run_pass(host)
+    # the lane's failure, not the RuntimeError its __str__ raises while a span records it
+    assert "could not be read: RuntimeError" in describe_error(raised.value)
+    pass_span = {s.name: s for s in spans.get_finished_spans()}["durable_agent.pass"]
+    assert pass_span.status.status_code == StatusCode.ERROR
+    [event] = pass_span.events
+    assert event.attributes["exception.message"] == (
+        "_UnreadableError: (the message of this _UnreadableError could not be read: RuntimeError)"
+    )
 
 
 def test_spans__gate_transaction(host: Host, clock: FakeClock, spans: InMemorySpanExporter) -> None:

@@ -185,6 +185,28 @@ def fault_retry(host: Host, clock: FakeClock) -> None:
     lanes.register("broken", lambda ctx: None)
 
 
+def retried_head(host: Host, clock: FakeClock) -> None:
+    """A first attempt that raises and is retried: a crash between the failed attempt and its
+    retry being recorded leaves the attempt to lease expiry and recovery."""
+
+    def flaky(ctx: Any, payload: Any) -> Any:
+        EXECUTIONS.append(ctx.submission.pk)
+        if EXECUTIONS.count(ctx.submission.pk) == 1:
+            raise RuntimeError("the first try fails")
+        return payload
+
+    retry = durable_agent.RetryPolicy(max_attempts=3, backoff=1, cap=1)
+    registry.register("flaky", flaky, version="1", retry=retry)
+    crashes(
+        lambda: durable_agent.submit(
+            host=host, thread="t1", agent="flaky", payload={"n": next(_keys)}
+        )
+    )
+    crashes(lambda: run_pass(host))  # the first attempt fails; its retry is recorded
+    clock.advance(seconds=1)
+    crashes(lambda: run_pass(host))  # the retry
+
+
 SCENARIOS: dict[str, Callable[[Host, FakeClock], None]] = {
     "gate mutation": gate_mutation,
     "submit": submit_only,
@@ -193,6 +215,7 @@ SCENARIOS: dict[str, Callable[[Host, FakeClock], None]] = {
     "recovery pages": recovery_pages,
     "binding park": binding_park,
     "fault retry": fault_retry,
+    "retried head": retried_head,
 }
 
 BEGIN_TO_FINISH = {
@@ -236,6 +259,7 @@ SCENARIO_FAILPOINTS: dict[str, set[str]] = {
         "maintenance:retry:after",
     },
 }
+SCENARIO_FAILPOINTS["retried head"] = ATTEMPT
 CASES = [(s, f) for s in SCENARIOS for f in sorted(SCENARIO_FAILPOINTS[s])]
 
 

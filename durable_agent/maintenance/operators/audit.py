@@ -19,6 +19,7 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
 
 from durable_agent import clock, conf
+from durable_agent.maintenance.operators.attention import Attention, attention
 from durable_agent.maintenance.passes.ensure import ensure_alarm
 from durable_agent.maintenance.store import selectors
 from durable_agent.maintenance.store.alarm import rearm
@@ -85,11 +86,17 @@ class AuditSummary:
     expired_tickets: int = 0
     stale_leases: tuple[str, ...] = ()
     failing: tuple[HostAudit, ...] = ()
+    attention: Attention = field(default_factory=Attention)
 
     @property
     def ok(self) -> bool:
         """No host violates the invariant and none is failing."""
         return not self.violating and not self.failing
+
+    @property
+    def degraded(self) -> bool:
+        """Work waits for a person (``attention``); the alarms may still be fine."""
+        return self.attention.total > 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +111,8 @@ class AuditSummary:
             "parked": {k: list(v) for k, v in self.parked.items()},
             "expired_tickets": self.expired_tickets,
             "stale_leases": list(self.stale_leases),
+            "degraded": self.degraded,
+            "attention": self.attention.as_dict(),
         }
 
 
@@ -328,6 +337,7 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
         expired_tickets=sum(r.expired_tickets for r in results),
         stale_leases=tuple(r.host for r in results if r.stale_lease),
         failing=tuple(r for r in results if r.failing),
+        attention=attention(failing_hosts=sum(1 for r in results if r.failing)),
     )
 
 

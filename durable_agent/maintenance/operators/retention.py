@@ -10,6 +10,10 @@ What is never deleted:
   ``recovery_event_acknowledged``);
 - a ``PassRecord`` that no later successful pass of its host follows: the latest pass, the
   latest successful one and the failure streak after it stay (the read model reads them);
+- a ``Submission`` that is not settled, or the last submission of its thread (settled or
+  not): the next sequence number of a thread follows its last one, so a thread never
+  reuses a sequence (its settled history before that goes, with the idempotency keys it
+  held: a key older than the retention is admitted again);
 - a live ``MutationTicket``, or one expired less than an hour ago (audits report those);
 - any django-q ``OrmQ`` row: each is a message still pending, or one a cluster has taken and
   will hand out again if its worker died; django-q deletes it on acknowledgement;
@@ -28,7 +32,14 @@ from django_q.models import Task
 
 from durable_agent import clock, conf
 from durable_agent.maintenance.store.selectors import SUCCEEDED
-from durable_agent.models import AlarmAudit, MutationTicket, PassRecord, RecoveryEvent
+from durable_agent.models import (
+    AlarmAudit,
+    MutationTicket,
+    PassRecord,
+    RecoveryEvent,
+    Submission,
+    SubmissionState,
+)
 
 logger = logging.getLogger("durable_agent.retention")
 TICKET_GRACE = timedelta(hours=1)
@@ -58,6 +69,18 @@ def pass_records(now: datetime, age: timedelta) -> QuerySet[PassRecord]:
         | Q(started_at=OuterRef("started_at"), id__gt=OuterRef("id"))
     )
     return PassRecord.objects.filter(started_at__lte=now - age).filter(Exists(later_success))
+
+
+def settled_submissions(now: datetime, age: timedelta) -> QuerySet[Submission]:
+    """Submissions settled longer ago than ``age`` that a later submission of their thread
+    follows (served by ``da_submission_settled``): work in flight, and the last submission
+    of each thread, always stay."""
+    later = Submission.objects.filter(
+        thread_id=OuterRef("thread_id"), sequence__gt=OuterRef("sequence")
+    )
+    return Submission.objects.filter(
+        state=SubmissionState.SETTLED, settled_at__lte=now - age
+    ).filter(Exists(later))
 
 
 def prune(now: datetime | None = None) -> dict[str, int]:
@@ -97,6 +120,9 @@ def prune(now: datetime | None = None) -> dict[str, int]:
         funcs = sorted({conf.alarm_task(), conf.get_default("ALARM_TASK")})
         results = Task.objects.filter(func__in=funcs, stopped__lte=now - tasks)
     tables.append(("pruned_tasks", results, "stopped"))
+    submissions = conf.retention_submissions()
+    settled = None if submissions is None else settled_submissions(now, submissions)
+    tables.append(("pruned_submissions", settled, "settled_at"))
     pruned: dict[str, int] = {}
     for key, queryset, order_by in tables:
         pruned[key] = 0

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from durable_agent.api.tokens import issue_token, list_tokens, revoke_token
+from durable_agent.api.tokens import TokenNotFound, issue_token, list_tokens, revoke_token
 from durable_agent.errors import DurableAgentError
+from durable_agent.management.commands._common import DurableCommand, decodable
 from durable_agent.models import ApiToken
 from durable_agent.models.tokens import ApiTokenScope
 
@@ -24,11 +24,12 @@ def _row(token: ApiToken) -> dict[str, Any]:
     }
 
 
-class Command(BaseCommand):
+class Command(DurableCommand):
     help = (
         "Manage tokens of the HTTP API. `create NAME --scope read|submit|repair` prints the secret "
         "once (only its SHA-256 digest is stored); `list` shows names, scopes and prefixes; "
-        "`revoke NAME` disables a token at once."
+        "`revoke NAME` disables a token at once. Errors are one CommandError line (a JSON "
+        "object with --json)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -61,7 +62,7 @@ class Command(BaseCommand):
     def _create(self, options: dict[str, Any]) -> None:
         issued = issue_token(name=options["name"], scope=options["scope"])
         if options["json"]:
-            self.stdout.write(json.dumps({**_row(issued.token), "secret": issued.secret}))
+            self.write_json({**_row(issued.token), "secret": issued.secret}, indent=None)
             return
         self.stdout.write(f"Created token {issued.token.name!r} (scope {issued.token.scope}).")
         self.stdout.write("Its secret is shown once; store it now:")
@@ -70,7 +71,7 @@ class Command(BaseCommand):
     def _list(self, options: dict[str, Any]) -> None:
         tokens = list_tokens(include_revoked=options["all"])
         if options["json"]:
-            self.stdout.write(json.dumps([_row(token) for token in tokens], indent=2))
+            self.write_json([_row(token) for token in tokens])
             return
         if not tokens:
             self.stdout.write("No tokens.")
@@ -82,8 +83,10 @@ class Command(BaseCommand):
             )
 
     def _revoke(self, options: dict[str, Any]) -> None:
+        if not decodable(options["name"]):  # Note [One error line per command]
+            raise TokenNotFound(name=options["name"])
         token = revoke_token(name=options["name"])
         if options["json"]:
-            self.stdout.write(json.dumps(_row(token)))
+            self.write_json(_row(token), indent=None)
             return
         self.stdout.write(f"Revoked token {token.name!r}.")

@@ -2,28 +2,35 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from durable_agent.maintenance.operators.audit import audit_all, repair_host
+from durable_agent.management.commands._common import DurableCommand
 from durable_agent.models import Host
 from durable_agent.runtime import get_runtime
 
 
-class Command(BaseCommand):
+class Command(DurableCommand):
     help = (
         "Check that every host with owed work holds an alarm early enough, and that no host is "
         "failing (its last FAILING_AFTER_PASSES passes failed). Also reports overdue slots, "
         "parked lanes, expired mutation tickets and stale pass leases. Exit status 1 on a "
         "violation or a failing host; --repair re-arms violating hosts (audited) and says what "
-        "changed (it cannot fix a failing host: fix the error it reports)."
+        "changed (it cannot fix a failing host: fix the error it reports). Any other error is "
+        "one CommandError line (a JSON object with --json)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the audit as JSON")
         parser.add_argument("--repair", action="store_true", help="re-arm violating hosts")
+        parser.add_argument(
+            "--fail-on-attention",
+            action="store_true",
+            help="also exit 1 when work waits for a person (unknown or suspended submissions, "
+            "heads parked on a missing agent binding, failing hosts)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         registry_key = get_runtime().binding_registry_key()
@@ -48,7 +55,7 @@ class Command(BaseCommand):
             if options["repair"]:
                 data["repaired"] = repaired
                 data["ok_after_repair"] = after.ok
-            self.stdout.write(json.dumps(data, indent=2))
+            self.write_json(data)
         else:
             self._print(summary, repaired)
         if not after.ok:
@@ -60,6 +67,10 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Of {after.hosts} hosts, {' and '.join(problems)}",
                 returncode=1,
+            )
+        if options["fail_on_attention"] and after.degraded:
+            raise CommandError(
+                f"Work waits for an operator: {after.attention.describe()}", returncode=1
             )
 
     def _print(self, summary: Any, repaired: list[dict[str, Any]]) -> None:
@@ -83,6 +94,8 @@ class Command(BaseCommand):
             self.stdout.write(f"expired mutation tickets: {summary.expired_tickets}")
         for host in summary.stale_leases:
             self.stdout.write(f"stale pass lease {host}")
+        if summary.degraded:
+            self.stdout.write(f"ATTENTION: {summary.attention.describe()}")
         for change in repaired:
             self.stdout.write(
                 f"repaired {change['host']}: alarm {change['before'] or 'disarmed'} -> "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 
-from durable_agent import clock
+from durable_agent import clock, signals
 from durable_agent.errors import BindingUnavailable
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lanes.native.observe import View
@@ -78,8 +78,17 @@ def attempt(step: Pass, head: WorkItem, previous_waits: list[BindingRetry]) -> i
             binding_failure = exc
     previous = next((w for w in previous_waits if w.submission == head.submission), None)
     if binding_failure is not None and previous is None:
+        agent = getattr(binding_failure, "agent", "?")
+        version = getattr(binding_failure, "version", "?")
         logger.error(
-            "Thread parked until its agent binding registry changes; original work remains pending",
+            "Thread parked until its agent binding registry changes; original work remains "
+            "pending: agent %s@%s, thread %r, host %r, submission %s (deploy it, or restart the "
+            "cluster if you changed its code: qcluster keeps the code it started with)",
+            agent,
+            version,
+            head.thread,
+            step.host.key,
+            head.submission,
             extra=log_extra(
                 step.host,
                 thread_key=head.thread,
@@ -87,6 +96,15 @@ def attempt(step: Pass, head: WorkItem, previous_waits: list[BindingRetry]) -> i
                 error=str(binding_failure),
                 action="binding_wait",
             ),
+        )
+        signals.needs_operator_on_commit(
+            host_id=step.host.pk,
+            submission_id=head.submission,
+            thread=head.thread,
+            agent=str(agent),
+            version=str(version),
+            reason="binding",
+            log=False,
         )
     if binding_failure is not None or previous is not None:
         record_binding_wait(step, head, previous, binding_failure is not None)

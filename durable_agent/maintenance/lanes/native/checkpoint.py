@@ -10,10 +10,18 @@ Note [Followers behind a stable wait]
     A ``ready`` submission queued behind a head that waits on an external mutation (approval,
     a held unknown resolution, a parked binding) cannot run before its head: it is dormant
     too, so a suspended thread keeps no alarm however much input is queued behind it.
+
+Note [Delayed heads]
+    A ``ready`` head whose ``not_before`` has not come (a delayed submission, a retry's next
+    try) is not attempted, and the submissions behind it wait with it. Unlike a stable wait it
+    needs no outside mutation, only time: the checkpoint keeps the generation unacknowledged
+    and the native lane due at the earliest such ``not_before`` (never sooner, and without the
+    no-progress backoff when nothing else is autonomous), so the pass at that time attempts it.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from durable_agent import clock, conf
@@ -34,6 +42,8 @@ def checkpoint(step: Pass) -> None:
     remaining = view.current
     reports = recovery.reports
     first_seen: dict[str, bool] = {}
+    timed: list[datetime] = []
+    seen = clock.now()
 
     def is_autonomous(item: WorkItem) -> bool:
         if skipped(item, view.waiting):
@@ -41,23 +51,29 @@ def checkpoint(step: Pass) -> None:
         waits = view.waiting(item)
         head_waiting = first_seen.get(item.thread)
         if head_waiting is None:
-            first_seen[item.thread] = waits
+            delayed = item.delayed(seen)
+            first_seen[item.thread] = waits or delayed
+            if delayed and not waits and item.not_before is not None:  # Note [Delayed heads]
+                timed.append(item.not_before)
+                return False
         if head_waiting is True and item.state == "ready":
             return False  # Note [Followers behind a stable wait]
         return not waits
 
-    autonomous = (
+    items_autonomous = any([is_autonomous(item) for item in remaining])
+    untimed = (
         bool(recovery.pending)
         or recovery.discovery_pending
         or bool(recovery.faults)
         or recovery.retry_at is not None
-        or any([is_autonomous(item) for item in remaining])
+        or items_autonomous
     )
+    autonomous = untimed or bool(timed)
     del reports
     progressed = step.progressed or recovery.repaired
     now = clock.now()
     jitter = clock.random()
-    if autonomous:
+    if untimed:
         ordinary = (
             conf.backoff_base_ms() if progressed else backoff.backoff_delay_ms(step.stalls, jitter)
         )
@@ -68,8 +84,11 @@ def checkpoint(step: Pass) -> None:
     next_eligible += [now for t in view.eligible if t not in waiting_threads]
     if recovery.retry_at is not None:
         next_eligible.append(recovery.retry_at)
+    next_eligible += timed
     retry_ms = (
-        max(0, int((min(next_eligible) - now) / timedelta(milliseconds=1))) if next_eligible else 0
+        max(0, math.ceil((min(next_eligible) - now) / timedelta(milliseconds=1)))
+        if next_eligible
+        else 0
     )
     delay = timedelta(milliseconds=max(ordinary, retry_ms))
     remaining_ids = {item.submission for item in remaining}

@@ -90,6 +90,7 @@ def observe(step: Pass) -> View:
         and thread not in stopping
         and thread not in faults
         and not waiting(head)
+        and not head.delayed(selection_time)  # Note [Delayed heads]
         and (head.state == "ready" or head.submission in reports)
     )
     waits = [w for w in waits if w.thread in heads and heads[w.thread].submission == w.submission]

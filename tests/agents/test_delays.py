@@ -1,0 +1,139 @@
+"""Delayed work: ``submit(..., not_before=...)`` starts its agent at its time, never sooner."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+import durable_agent
+from durable_agent.agents import delays
+from durable_agent.errors import InvalidDeadline, InvalidInput
+from durable_agent.maintenance import alarm, run_pass
+from durable_agent.models import Host, Submission
+from durable_agent.testing import FakeClock
+from tests.agents.conftest import drain, generation
+
+pytestmark = pytest.mark.django_db
+
+
+def outcome(pk: int) -> tuple[str, str | None]:
+    row = Submission.objects.get(pk=pk)
+    return row.state, row.outcome
+
+
+def test_delays__a_timedelta_starts_the_agent_at_its_time_never_sooner(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    start = clock.now()
+    receipt = durable_agent.submit(
+        host=host, thread="t", agent="echo", payload=1, not_before=timedelta(minutes=5)
+    )
+
+    assert receipt.created
+    assert receipt.state == "ready"
+    row = Submission.objects.get(pk=receipt.submission_id)
+    assert row.not_before == start + timedelta(minutes=5)
+    run_pass(host)  # the pass that classifies the new work
+    assert calls == []
+    assert alarm.scheduled(host) == start + timedelta(minutes=5)
+    dirty, processed = generation(host) or (0, 0)
+    assert dirty > processed  # the work is owed, only later
+
+    clock.set(start + timedelta(minutes=5) - timedelta(milliseconds=1))
+    run_pass(host)  # an early pass (a stray delivery) does not start it
+    assert calls == []
+    slot = alarm.scheduled(host)
+    assert slot is not None
+    assert slot >= start + timedelta(minutes=5)
+
+    drain(host, clock)
+
+    assert calls == [("echo", 1)]
+    assert outcome(receipt.submission_id) == ("settled", "completed")
+    assert alarm.scheduled(host) is None
+
+
+def test_delays__an_aware_datetime_and_the_followers_on_its_thread_wait(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    at = clock.now() + timedelta(hours=2)
+    first = durable_agent.submit(host=host, thread="t", agent="echo", payload="late", not_before=at)
+    behind = durable_agent.submit(host=host, thread="t", agent="echo", payload="behind")
+    other = durable_agent.submit(host=host, thread="u", agent="echo", payload="other")
+
+    run_pass(host)
+
+    assert calls == [("echo", "other")]  # another thread is not held up
+    assert outcome(behind.submission_id) == ("ready", None)
+    assert alarm.scheduled(host) == at
+
+    drain(host, clock)
+
+    assert calls == [("echo", "other"), ("echo", "late"), ("echo", "behind")]
+    assert outcome(first.submission_id) == ("settled", "completed")
+    assert outcome(other.submission_id) == ("settled", "completed")
+
+
+def test_delays__a_replayed_key_keeps_the_original_time(
+    host: Host, clock: FakeClock, echo: Any
+) -> None:
+    first = durable_agent.submit(
+        host=host,
+        thread="t",
+        agent="echo",
+        payload=1,
+        idempotency_key="k",
+        not_before=timedelta(minutes=1),
+    )
+    clock.advance(ms=30_000)
+    again = durable_agent.submit(
+        host=host,
+        thread="t",
+        agent="echo",
+        payload=1,
+        idempotency_key="k",
+        not_before=timedelta(minutes=1),
+    )
+
+    assert not again.created
+    assert again.submission_id == first.submission_id
+    row = Submission.objects.get(pk=first.submission_id)
+    assert row.not_before == clock.now() - timedelta(seconds=30) + timedelta(minutes=1)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (datetime(2030, 1, 1), InvalidDeadline),  # naive
+        (timedelta(seconds=-1), InvalidInput),
+        (delays.MAX_DELAY + timedelta(seconds=1), InvalidInput),
+        ("tomorrow", InvalidInput),
+        (60, InvalidInput),
+    ],
+)
+def test_delays__bad_input_is_refused_and_admits_nothing(
+    host: Host, clock: FakeClock, echo: Any, value: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        durable_agent.submit(host=host, thread="t", agent="echo", payload=1, not_before=value)
+
+    assert not Submission.objects.exists()
+    assert generation(host) is None
+
+
+def test_delays__a_past_time_runs_at_once(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    durable_agent.submit(
+        host=host,
+        thread="t",
+        agent="echo",
+        payload=1,
+        not_before=clock.now() - timedelta(days=1),
+    )
+
+    run_pass(host)
+
+    assert calls == [("echo", 1)]
