@@ -323,3 +323,26 @@ def test_architecture__the_shared_transaction_rules_have_one_home() -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             found += [f"{module}:{number} {rule}" for rule in TX_RULES if rule in line]
     assert not found, f"Rules of {TX_MODULE} restated elsewhere:\n" + "\n".join(found)
+
+
+def test_architecture__the_coverage_floor_is_set() -> None:
+    # scripts/test.sh's coverage leg fails below pyproject's fail_under.
+    import tomllib
+
+    report = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["coverage"]["report"]
+    assert isinstance(report.get("fail_under"), int | float), "set fail_under in pyproject.toml"
+    assert "coverage report" in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_architecture__the_maintenance_tests_mirror_its_sub_packages() -> None:
+    # tests/maintenance/<sub-package>/ for each sub-package of durable_agent/maintenance/; the
+    # tests of its shared base modules sit at the top of tests/maintenance/.
+    source = PACKAGE / "maintenance"
+    tests = ROOT / "tests" / "maintenance"
+    packages = {p.name for p in source.iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if (p / "__init__.py").exists()}
+    assert folders == packages
+    for path in tests.rglob("test_*.py"):
+        where = path.parent.relative_to(tests).parts
+        if not where:  # a shared base module of maintenance/ (test_backoff.py: backoff.py)
+            assert (source / f"{path.stem.removeprefix('test_')}.py").exists(), path.name

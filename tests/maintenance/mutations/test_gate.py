@@ -203,7 +203,7 @@ def test_transaction__revision_changed_behind_the_view_fails_the_commit(
     host: Host, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The Python path's buffered view; the commit function reads and writes under one lock
-    # (tests/maintenance/test_commit_function.py covers its compare-and-set).
+    # (tests/maintenance/mutations/test_commit_function.py covers its compare-and-set).
     monkeypatch.setattr(commit_function, "enabled", False)
     caught_up(host)
     gate.schedule(host, "outbox", clock.now() + 60 * S)
