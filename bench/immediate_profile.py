@@ -200,8 +200,8 @@ def path_marks(
             marks["dequeued"] = dequeued.start
     for name, span, at_end in [
         ("held", "tasks.hold_until", True),
-        ("begun", "run._begin", True),
-        ("native", "NativeStep.run", False),
+        ("begun", "run.begin", True),
+        ("native", "step.run_native", False),
         ("observed", "observe.observe", True),
         ("selected", "selection.select", True),
         ("attempt", "attempts.attempt", False),

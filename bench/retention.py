@@ -69,7 +69,7 @@ def append_event(host_id: int) -> None:
         failure={"phase": "recovery", "reason": "bench"},
     )
     run_alarm_transaction(
-        host_id, "bench recovery event", lambda s, q, c: append_recovery_events(s, q, [event])
+        host_id, "bench recovery event", lambda tx: append_recovery_events(tx, [event])
     )
 
 

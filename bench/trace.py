@@ -39,8 +39,9 @@ from typing import Any
 SPANS: list[tuple[str, str]] = [
     ("durable_agent.tasks", "fire_alarm"),
     ("durable_agent.tasks", "hold_until"),
-    ("durable_agent.maintenance.passes.run", "_begin"),
-    ("durable_agent.maintenance.passes.run", "_run_event"),
+    ("durable_agent.maintenance.passes.run", "begin"),
+    ("durable_agent.maintenance.passes.run", "run_waves_and_native"),
+    ("durable_agent.maintenance.lanes.native.step", "run_native"),
     ("durable_agent.maintenance.passes.finish", "finish"),
     ("durable_agent.maintenance.passes.pass_records", "record"),
     ("durable_agent.maintenance.passes.pass_records", "recorded"),
@@ -70,7 +71,7 @@ SPANS: list[tuple[str, str]] = [
 ]
 # Context managers: the time to enter and the time to leave are two spans.
 CONTEXTS: list[tuple[str, str]] = [
-    ("durable_agent.maintenance.passes.lease", "heartbeat"),
+    ("durable_agent.maintenance.store.lease", "heartbeat"),
 ]
 # Methods: (module, class, method).
 METHODS: list[tuple[str, str, str]] = [
@@ -78,7 +79,6 @@ METHODS: list[tuple[str, str, str]] = [
     ("durable_agent.broker", "AlarmFiring", "fire_ahead"),
     ("durable_agent.broker", "AlarmFiring", "probe"),
     ("durable_agent.broker", "AlarmBroker", "ready_tasks"),
-    ("durable_agent.maintenance.lanes.native.step", "NativeStep", "run"),
 ]
 
 _lock = threading.Lock()

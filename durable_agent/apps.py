@@ -1,3 +1,5 @@
+import contextlib
+
 from django.apps import AppConfig
 
 
@@ -14,3 +16,8 @@ class DurableAgentConfig(AppConfig):
 
         # Each installed app's agents.py and lanes.py register at import, as admin.py does.
         autodiscover_modules("agents", "lanes")
+
+        # The Prometheus pass metrics listen to pass_finished, when prometheus_client is installed.
+        with contextlib.suppress(ImportError):
+            # deferred: optional extra (prometheus_client); the app registry is ready only here
+            from durable_agent.contrib import metrics  # noqa: F401

@@ -5,9 +5,8 @@
 * ``span``: an OpenTelemetry span when ``opentelemetry-api`` is installed (the ``[otel]``
   extra), a no-op otherwise. Without an SDK configured the API's own tracer is a no-op too.
 * ``pass_recorded``: called once per recorded pass: one INFO line (WARNING when the pass
-  failed) on the ``durable_agent.maintenance`` logger, the Prometheus pass metrics when
-  ``prometheus_client`` is installed (``durable_agent.contrib.metrics``), and the
-  ``pass_finished`` signal.
+  failed) on the ``durable_agent.maintenance`` logger, and the ``pass_finished`` signal (the
+  Prometheus pass metrics of ``durable_agent.contrib.metrics`` listen to it).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -120,14 +118,6 @@ def in_current_trace(fn: Callable[[], T]) -> Callable[[], T]:
     return run
 
 
-def _metrics() -> Any:
-    try:
-        from durable_agent.contrib import metrics  # deferred: optional extra (prometheus_client)
-    except ImportError:  # prometheus_client is not installed
-        return None
-    return metrics
-
-
 def pass_recorded(
     host: Host,
     report: PassReport,
@@ -159,9 +149,6 @@ def pass_recorded(
                 recovered=report.recovered,
             ),
         )
-        metrics = _metrics()
-        if metrics is not None:
-            metrics.observe_pass(report.phase, duration_s, report.lateness_ms)
         signals.send_on_commit(
             signals.pass_finished,
             sender=_pass_record(),
@@ -174,44 +161,8 @@ def pass_recorded(
         logger.exception("Observing a pass failed", extra=log_extra(host, action="pass"))
 
 
-@dataclass(frozen=True)
-class FleetSnapshot:
-    """Counts across every host, read in a constant number of queries.
-
-    ``armed``: hosts whose slot is armed. ``overdue``: armed more than 60 s past the slot's
-    time (the scheduler is not firing it). ``failing``: hosts whose last
-    ``FAILING_AFTER_PASSES`` passes failed. ``parked``: parked lanes. ``owed``: submissions
-    not settled.
-    """
-
-    hosts: int
-    armed: int
-    overdue: int
-    failing: int
-    parked: int
-    owed: int
-
-
-def fleet_snapshot(*, now: datetime | None = None) -> FleetSnapshot:
-    """The fleet's counts now (four queries, whatever the number of hosts), with the states of
-    the shared read model (``durable_agent.maintenance.store.selectors``)."""
-    # deferred: import cycle - the maintenance package's __init__ imports gate, which imports this
-    from durable_agent.maintenance.store import selectors
-    from durable_agent.models import DueLane, LaneState, Submission, SubmissionState
-
-    now = now or clock.now()
-    counts = selectors.fleet_counts(now)
-    return FleetSnapshot(
-        hosts=counts.hosts,
-        armed=counts.armed,
-        overdue=counts.overdue,
-        failing=counts.failing,
-        parked=DueLane.objects.filter(state=LaneState.PARKED).count(),
-        owed=Submission.objects.exclude(state=SubmissionState.SETTLED).count(),
-    )
-
-
 def _pass_record() -> Any:
-    from durable_agent.models import PassRecord  # deferred: as for selectors in fleet_snapshot
+    # deferred: Django - the app registry may not be ready when this module loads
+    from durable_agent.models import PassRecord
 
     return PassRecord

@@ -24,7 +24,7 @@ from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable, ServiceWarning
 
 from durable_agent.maintenance.operators.attention import attention
-from durable_agent.observability import fleet_snapshot
+from durable_agent.maintenance.store.selectors import fleet_snapshot
 
 
 @dataclasses.dataclass

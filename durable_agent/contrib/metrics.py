@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from django.db import Error as DatabaseFailure
 from django.http import HttpRequest, HttpResponse
@@ -45,8 +46,9 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from durable_agent import signals
 from durable_agent.maintenance.operators.attention import attention
-from durable_agent.observability import fleet_snapshot
+from durable_agent.maintenance.store.selectors import fleet_snapshot
 
 __all__ = ["FLEET_REGISTRY", "FleetCollector", "metrics_view", "observe_pass"]
 
@@ -70,11 +72,21 @@ PASS_LATENESS = Histogram(
 
 
 def observe_pass(phase: str, duration_s: float, lateness_ms: int | None) -> None:
-    """Count one recorded pass (called by ``durable_agent.observability.pass_recorded``)."""
+    """Count one recorded pass."""
     PASSES.labels(phase=phase).inc()
     PASS_DURATION.observe(duration_s)
     if lateness_ms is not None:
         PASS_LATENESS.observe(max(lateness_ms, 0) / 1000)
+
+
+def _count_pass(sender: object, *, report: Any, duration_s: float, **kwargs: Any) -> None:
+    """The receiver of ``pass_finished``: every recorded pass is counted once, when its
+    record commits (``durable_agent.apps`` imports this module when ``prometheus_client`` is
+    installed)."""
+    observe_pass(report.phase, duration_s, report.lateness_ms)
+
+
+signals.pass_finished.connect(_count_pass, dispatch_uid="durable_agent.contrib.metrics")
 
 
 FLEET_UP_HELP = "1 when the fleet gauges were read from the database, 0 when it failed."

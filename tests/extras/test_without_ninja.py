@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NINJA_BLOCKED = any(type(f).__name__ == "NoNinja" for f in sys.meta_path)
 
 CORE_SMOKE = [
-    "tests/maintenance/test_smoke.py",
+    "tests/maintenance/passes/test_smoke.py",
     "tests/test_demo.py",
     "tests/commands/test_maintenance_pass.py",
     "tests/extras/test_without_ninja.py::test_api_token__without_the_api_extra",

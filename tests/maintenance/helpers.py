@@ -13,7 +13,8 @@ from durable_agent.testing import FakeClock
 def caught_up(host: Host) -> None:
     """Acknowledge everything and idle the native lane, as a finished pass would."""
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, queue, checkpoint = tx.state, tx.queue, tx.checkpoint
         state.processed = state.dirty
         queue.checkpoint_native(None)
         checkpoint.cancel()

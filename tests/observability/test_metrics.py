@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import OperationalError, connection
-from django.test import Client
+from django.test import Client, TestCase
 from prometheus_client.parser import text_string_to_metric_families
 
 from durable_agent import lanes
@@ -34,6 +35,13 @@ def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+def counted_pass(host: Host, **kwargs: Any) -> Any:
+    """``run_pass``, then its on-commit callbacks: the pass metrics hear ``pass_finished``,
+    sent when the pass's record commits (the test's own transaction never commits)."""
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        return run_pass(host, **kwargs)
+
+
 def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
@@ -45,11 +53,11 @@ def test_scrape__counts_passes_by_phase_with_duration_and_lateness(
     runtime.submit(host, "t1")
     deadline = clock.now()
     clock.advance(seconds=2)
-    run_pass(host, deadline=deadline)
+    counted_pass(host, deadline=deadline)
     caught_up(host)
     gate.schedule(host, "orphan", clock.now())
     with pytest.raises(LaneNotRegistered):
-        run_pass(host)
+        counted_pass(host)
     after = scrape()
 
     def delta(name: str, **labels: str) -> float:
@@ -100,7 +108,7 @@ def test_scrape__without_the_database_serves_the_pass_metrics_and_fleet_up_0(
 
     monkeypatch.setattr(FleetCollector, "database_down", False, raising=False)
     runtime.submit(host, "t1")
-    run_pass(host)  # a counted pass: the process counters are not empty
+    counted_pass(host)  # a counted pass: the process counters are not empty
     up = scrape()
     assert value(up, "durable_agent_fleet_up") == 1
     passes = value(up, "durable_agent_passes_total", phase="actionable")
@@ -134,7 +142,7 @@ def test_scrape__without_the_database_serves_the_pass_metrics_and_fleet_up_0(
 def test_scrape__fleet_gauges_take_a_constant_number_of_queries(
     db: None, clock: FakeClock, hosts: int, django_assert_num_queries: object
 ) -> None:
-    from durable_agent.observability import fleet_snapshot
+    from durable_agent.maintenance.store.selectors import fleet_snapshot
 
     for n in range(hosts):
         host = HostFactory(key=f"h{n}")
@@ -151,7 +159,7 @@ def test_scrape__a_lane_wave_pass_is_counted(
     caught_up(host)
     before = value(scrape(), "durable_agent_passes_total", phase="actionable")
     gate.schedule(host, "outbox", clock.now())
-    run_pass(host)
+    counted_pass(host)
     assert value(scrape(), "durable_agent_passes_total", phase="actionable") == before + 1
 
 
@@ -161,12 +169,17 @@ def test_passes_run_without_prometheus_client(
     import sys
 
     import durable_agent.contrib
-    from durable_agent import observability
+    from durable_agent import signals
+    from durable_agent.models import PassRecord
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
     monkeypatch.delitem(sys.modules, "durable_agent.contrib.metrics", raising=False)
     monkeypatch.delattr(durable_agent.contrib, "metrics", raising=False)
-    assert observability._metrics() is None
+    with pytest.raises(ImportError):
+        import durable_agent.contrib.metrics
+    monkeypatch.setattr(signals.pass_finished, "receivers", [])
+    signals.pass_finished.sender_receivers_cache.clear()
+    assert not signals.pass_finished.has_listeners(PassRecord)
     runtime.submit(host, "t1")
     assert run_pass(host).phase == "actionable"
     assert "durable_agent.contrib.metrics" not in sys.modules

@@ -177,10 +177,13 @@ def test_signals__a_raising_receiver_is_logged_and_the_change_stands(
 
 
 def test_pass_finished__a_lane_wave_pass_with_no_receiver_sends_nothing(
-    host: Host, clock: FakeClock, runtime: ScriptedRuntime
+    host: Host, clock: FakeClock, runtime: ScriptedRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lanes.register("outbox", lambda ctx: None)
     caught_up(host)
     gate.schedule(host, "outbox", clock.now())
+    # The Prometheus pass metrics (installed here) listen; a deployment without them does not.
+    monkeypatch.setattr(signals.pass_finished, "receivers", [])
+    signals.pass_finished.sender_receivers_cache.clear()
     assert not signals.pass_finished.has_listeners(PassRecord)
     assert run_pass(host).phase in ("caught-up", "actionable")

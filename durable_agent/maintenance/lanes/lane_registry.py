@@ -28,7 +28,19 @@ from durable_agent.maintenance.lanes.recovery_events import deliver_recovery_eve
 from durable_agent.maintenance.types import LaneContext
 
 Phase = Literal["concurrent", "after-native"]
-PHASES: tuple[Phase, ...] = ("concurrent", "after-native")
+
+# Note [Lane phases]
+#     A lane's phase names the step of a pass that runs its waves, in this one table:
+#     ``BESIDE_NATIVE`` waves are admitted when the pass starts and run beside the native step
+#     (one more round after it, Note [Deliver what the pass produced]); ``AFTER_NATIVE`` waves
+#     run after it, one at a time, round-robin. A caught-up pass's short path runs a single
+#     ``BESIDE_NATIVE`` wave at most: a due lane of any other phase takes the general path
+#     (Note [Nothing or one wave to run]), and a due lane of a phase no step runs fails the
+#     pass (``validate_lanes``) instead of being skipped while its slot re-arms forever. A new
+#     phase is a row here, and a new step (if it needs one) in ``passes/pass_waves.py``.
+BESIDE_NATIVE = "beside-native"
+AFTER_NATIVE = "after-native"
+PHASES: dict[str, str] = {"concurrent": BESIDE_NATIVE, "after-native": AFTER_NATIVE}
 MIN_ALLOWANCE_MS = 1
 MAX_ALLOWANCE_MS = 300_000
 DEFAULT_ALLOWANCE_MS = 30_000
@@ -51,6 +63,11 @@ def _idle(ctx: LaneContext) -> datetime | None:
     return None
 
 
+def step_of(spec: LaneSpec) -> str | None:
+    """The step of a pass that runs ``spec``'s waves (Note [Lane phases]); None: no step does."""
+    return PHASES.get(spec.phase)
+
+
 def is_idle(spec: LaneSpec) -> bool:
     """Whether ``spec`` is a framework lane's empty default (no handler installed)."""
     return spec.run is _idle
@@ -70,7 +87,8 @@ def _spec(lane: str, run: Handler, phase: str, allowance_ms: int) -> LaneSpec:
     if not callable(run):
         raise InvalidInput(f"The handler of lane {lane!r} must be callable")
     if phase not in PHASES:
-        raise InvalidInput(f"A lane phase is 'concurrent' or 'after-native', not {phase!r}")
+        known = " or ".join(repr(name) for name in PHASES)
+        raise InvalidInput(f"A lane phase is {known}, not {phase!r}")
     if (
         isinstance(allowance_ms, bool)
         or not isinstance(allowance_ms, int)

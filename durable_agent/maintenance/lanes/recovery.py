@@ -21,10 +21,9 @@ from durable_agent.maintenance import backoff, failpoints, work_cursors
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
 from durable_agent.maintenance.lanes.pool import RecoveryTimeout, bounded_call
 from durable_agent.maintenance.mutations import gate
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import EPOCH, Checkpoint
-from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.maintenance.types import EPOCH
+from durable_agent.models import RecoveryEvent, RecoveryFault
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
 from durable_agent.text import storable, storable_json
@@ -134,9 +133,7 @@ def record_recovery_faults(
             current = []
     subs = current
 
-    def fn(
-        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
-    ) -> tuple[dict[str, RecoveryFault], list[RecoveryFault]]:
+    def fn(tx: AlarmTx) -> tuple[dict[str, RecoveryFault], list[RecoveryFault]]:
         events: list[RecoveryEvent] = []
         faults: dict[str, RecoveryFault] = {}
         newly: list[RecoveryFault] = []
@@ -168,7 +165,7 @@ def record_recovery_faults(
             faults[thread] = fault
             if prev is None:
                 newly.append(fault)
-        append_recovery_events(state, queue, events)
+        append_recovery_events(tx, events)
         return faults, newly
 
     failpoints.hit("maintenance:recovery-status:before")
@@ -197,19 +194,17 @@ def _event(fault: RecoveryFault, submission: str, transition: str, now: datetime
     )
 
 
-def append_recovery_events(
-    state: MaintenanceState, queue: DueQueue, events: list[RecoveryEvent]
-) -> None:
+def append_recovery_events(tx: AlarmTx, events: list[RecoveryEvent]) -> None:
     """Number ``events`` after the host's last sequence and enroll the delivery lane."""
     if not events:
         return
-    sequence = state.recovery_event_sequence
+    sequence = tx.state.recovery_event_sequence
     for event in events:
         sequence += 1
         event.sequence = sequence
     RecoveryEvent.objects.bulk_create(events)
-    state.recovery_event_sequence = sequence
-    queue.dirty(RECOVERY_EVENTS, EPOCH, progress=True)
+    tx.state.recovery_event_sequence = sequence
+    tx.queue.dirty(RECOVERY_EVENTS, EPOCH, progress=True)
 
 
 def load_recovery_faults(
@@ -230,13 +225,7 @@ def load_recovery_faults(
         if known is None or all(sid in known.recipients for sid in ids):
             continue
 
-        def fn(
-            state: MaintenanceState,
-            queue: DueQueue,
-            checkpoint: Checkpoint,
-            thread: str = thread,
-            ids: list[str] = ids,
-        ) -> RecoveryFault | None:
+        def fn(tx: AlarmTx, thread: str = thread, ids: list[str] = ids) -> RecoveryFault | None:
             current = RecoveryFault.objects.filter(host_id=host.pk, thread=thread).first()
             if current is None:
                 return None
@@ -245,7 +234,7 @@ def load_recovery_faults(
                 current.recipients = [*current.recipients, *added]
                 current.save(update_fields=["recipients"])
                 append_recovery_events(
-                    state, queue, [_event(current, sid, "created", selection_time) for sid in added]
+                    tx, [_event(current, sid, "created", selection_time) for sid in added]
                 )
             return current
 

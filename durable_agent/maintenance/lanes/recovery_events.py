@@ -9,9 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from durable_agent import clock
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, LaneContext
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.maintenance.types import LaneContext
 from durable_agent.models import MaintenanceState, RecoveryEvent
 from durable_agent.signals import recovery_fault
 
@@ -29,14 +28,10 @@ def deliver_recovery_events(ctx: LaneContext) -> datetime | None:
         delivered_at = clock.now()
 
         def ack(
-            state: MaintenanceState,
-            queue: DueQueue,
-            checkpoint: Checkpoint,
-            sequence: int = sequence,
-            delivered_at: datetime = delivered_at,
+            tx: AlarmTx, sequence: int = sequence, delivered_at: datetime = delivered_at
         ) -> None:
-            if state.recovery_event_acknowledged < sequence:
-                state.recovery_event_acknowledged = sequence
+            if tx.state.recovery_event_acknowledged < sequence:
+                tx.state.recovery_event_acknowledged = sequence
                 RecoveryEvent.objects.filter(host_id=host.pk, sequence=sequence).update(
                     delivered_at=delivered_at
                 )

@@ -14,35 +14,21 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from durable_agent import clock, conf, observability
+from durable_agent import clock, observability
 from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
-from durable_agent.maintenance.lanes.lane_registry import LaneSpec, handler
-from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.lanes.lane_registry import LaneSpec, handler, step_of
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, Lane, LaneContext
-from durable_agent.models import Host, MaintenanceState
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.maintenance.types import Lane, LaneContext
 
 logger = logging.getLogger("durable_agent.maintenance")
 ALLOWANCE_MESSAGE = "The admitted host wave exceeded its allowance; durable work remains pending"
-
-
-@dataclass
-class Observation:
-    """What a pass observed: acknowledged only if nothing newer arrived (6.1, 6.11)."""
-
-    generation: int | None = None
-    native_only: bool = False
-    queue: dict[str, Lane] = field(default_factory=dict)
-    charged: dict[str, int] = field(default_factory=dict)
-    available: dict[str, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class OverrunFlag(threading.Event):
@@ -59,19 +45,27 @@ class OverrunFlag(threading.Event):
 
 
 def validate_lanes(rows: list[Lane]) -> None:
-    """Every due row needs a handler (the native lane is the pass itself)."""
+    """Every due row needs a handler (the native lane is the pass itself) of a phase a step of
+    the pass runs (Note [Lane phases] in ``lane_registry.py``)."""
     for row in rows:
-        if row.due_at is not None and row.lane != NATIVE and handler(row.lane) is None:
+        if row.due_at is None or row.lane == NATIVE:
+            continue
+        spec = handler(row.lane)
+        if spec is None:
             raise LaneNotRegistered(
                 f"No handler registered for scheduled lane: {row.lane}", lane=row.lane
+            )
+        if step_of(spec) is None:
+            raise LaneNotRegistered(
+                f"No step of the pass runs phase {spec.phase!r} of scheduled lane: {row.lane}",
+                lane=row.lane,
             )
 
 
 def run_queued(
-    host: Host,
+    p: Pass,
     row: Lane,
     work: Callable[[], datetime | None],
-    observed: Observation,
     *,
     allowance: timedelta | None = None,
 ) -> tuple[bool, datetime | None]:
@@ -81,36 +75,26 @@ def run_queued(
     """
     now = clock.now()
 
-    def charge(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Lane | None:
-        return charge_in(state, queue, checkpoint, row, now)
+    def charge(tx: AlarmTx) -> Lane | None:
+        return charge_in(tx, row, now)
 
-    claimed = run_alarm_transaction(host, "charge maintenance attempt", charge)
+    claimed = run_alarm_transaction(p.host, "charge maintenance attempt", charge)
     if claimed is None:
         return False, None
-    observe_claim(observed, claimed)
+    p.claimed(claimed)
     outcome, failure = run_claimed(row.lane, work, now, allowance)
-    complete_wave(host, claimed, outcome, failure, observed)
+    complete_wave(p, claimed, outcome, failure)
     if failure is not None:
         raise failure
     return True, outcome
 
 
-def charge_in(
-    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, row: Lane, now: datetime
-) -> Lane | None:
+def charge_in(tx: AlarmTx, row: Lane, now: datetime) -> Lane | None:
     """Claim ``row`` and arm the slot within the lease, inside an alarm transaction (Note
     [Charge before fallible work]); None when the lane moved or is not due."""
-    claimed = queue.claim(row, now)
-    arm_within_lease(state, queue, checkpoint, now)
+    claimed = tx.queue.claim(row, now)
+    tx.arm_within_lease(now)
     return claimed
-
-
-def observe_claim(observed: Observation, claimed: Lane) -> None:
-    """Remember a committed claim (``rearm_failure`` must not charge the lane twice)."""
-    with observed.lock:
-        observed.charged[claimed.lane] = claimed.revision
-        observed.queue[claimed.lane] = claimed
-        observed.available[claimed.lane] = claimed.revision
 
 
 def run_claimed(
@@ -151,61 +135,41 @@ def complete_in(
 
 
 def complete_wave(
-    host: Host,
-    claimed: Lane,
-    outcome: datetime | None,
-    failure: BaseException | None,
-    observed: Observation,
+    p: Pass, claimed: Lane, outcome: datetime | None, failure: BaseException | None
 ) -> None:
     """Complete a claimed wave in its own alarm transaction (backing it off after a failure)."""
     jitter = clock.random()
 
-    def complete(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> int | None:
-        return complete_in(queue, claimed, outcome, failure, gate.active_lanes(host), jitter)
+    def complete(tx: AlarmTx) -> int | None:
+        producing = tx.producing_lanes(clock.now())[1]
+        return complete_in(tx.queue, claimed, outcome, failure, producing, jitter)
 
-    revision = run_alarm_transaction(host, "complete maintenance wave", complete)
-    if revision is not None:
-        with observed.lock:
-            observed.available[claimed.lane] = revision
-
-
-def arm_within_lease(
-    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, now: datetime
-) -> None:
-    """Arm the slot at the earliest lane deadline, but while a pass lease is live no later than
-    its expiry: a pass that dies mid-way is retried within the lease TTL (docs/pass.md)."""
-    earliest = queue.next()
-    target = None if earliest is None else max(now + conf.minimum_alarm_delay(), earliest)
-    lease_end = state.pass_lease_expires_at
-    if state.pass_lease_owner and lease_end is not None and lease_end > now:
-        target = lease_end if target is None else min(target, lease_end)
-    if target is None:
-        checkpoint.cancel()
-    else:
-        checkpoint.at(target)
+    run_alarm_transaction(p.host, "complete maintenance wave", complete)
 
 
 def run_wave(
-    host: Host,
+    p: Pass,
     spec: LaneSpec,
     row: Lane,
-    observed: Observation,
-    until: datetime,
-    dispatch_end: datetime,
     cancelled: threading.Event,
     *,
+    after_native: bool = False,
     admitted: Callable[[], None] | None = None,
 ) -> tuple[bool, datetime | None]:
-    """Admit one wave of ``spec`` if it fits before ``dispatch_end``, then run it.
+    """Admit one wave of ``spec`` if it fits before the pass's ``dispatch_end`` (and, beside
+    the native step, before its ``yield_at``), then run it.
 
     ``admitted`` runs once the lane is claimed, before its handler: only a wave that really
     runs is recorded as admitted (the after-native rotation cursor).
     """
     now = clock.now()
     allowance = timedelta(milliseconds=spec.allowance_ms)
-    if now >= until or now + allowance > dispatch_end:
+    until = p.dispatch_end if after_native else p.yield_at
+    if now >= until or now + allowance > p.dispatch_end:
         return False, row.due_at  # not admitted: no claim, no debit
-    context = LaneContext(host=host, lane=spec.lane, deadline=now + allowance, _cancelled=cancelled)
+    context = LaneContext(
+        host=p.host, lane=spec.lane, deadline=now + allowance, _cancelled=cancelled
+    )
 
     def work() -> datetime | None:
         if admitted is not None:
@@ -213,9 +177,9 @@ def run_wave(
         return spec.run(context)
 
     with observability.span(
-        "durable_agent.wave", host_key=host.key, host_id=host.pk, lane=row.lane
+        "durable_agent.wave", host_key=p.host.key, host_id=p.host.pk, lane=row.lane
     ):
-        return run_queued(host, row, work, observed, allowance=allowance)
+        return run_queued(p, row, work, allowance=allowance)
 
 
 def join(

@@ -17,7 +17,7 @@ Note [Folding the intent per lane]
     ``max(floor, min(due, request))``, which is the earliest request once the floor is the
     epoch; a lane first created by a call starts at revision 1 whatever that call was. An
     existing lane never touched by progress ends at ``max(floor, min(due, earliest))``. The
-    function applies exactly this; tests/maintenance/test_commit_function.py runs the same
+    function applies exactly this; tests/maintenance/mutations/test_commit_function.py runs the same
     sequences through both paths and compares the rows.
 """
 

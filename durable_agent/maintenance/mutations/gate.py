@@ -41,22 +41,21 @@ from durable_agent.errors import GateMisuse, InvalidInput
 from durable_agent.maintenance import failpoints, registry
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
 from durable_agent.maintenance.mutations import commit_function
-from durable_agent.maintenance.store.alarm import clear_retry
-from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
     commit_failed,
+    producing_lanes,
     resolve_host_id,
     run_alarm_transaction,
     user_atomic_depth,
 )
 from durable_agent.maintenance.types import (
-    Checkpoint,
     ProgressOp,
     ScheduleOp,
     validate_cursor,
     validate_deadline,
 )
-from durable_agent.models import Host, MaintenanceState, MutationTicket
+from durable_agent.models import Host, MutationTicket
 
 T = TypeVar("T")
 HostRef = Host | str | int
@@ -173,26 +172,24 @@ def _progress_op(host_id: int, lanes: Iterable[str]) -> ProgressOp | None:
     return ProgressOp(host_id, frozenset(affected), clock.now(), _native_source.get())
 
 
-def _replay(op: _Op, state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-    delay = conf.minimum_alarm_delay()
+def _replay(op: _Op, tx: AlarmTx) -> None:
+    queue = tx.queue
     if isinstance(op, ScheduleOp):
         if op.cursor is None:
             queue.dirty(op.lane, op.due_at)
         elif queue.progress(op.lane, op.due_at, op.cursor) and op.lane in (NATIVE, PUBLICATION):
             if op.lane == PUBLICATION:
                 queue.dirty(NATIVE, op.due_at, progress=True)
-            clear_retry(state)
-            state.dirty += 1
-        earliest = queue.next()
-        if earliest is not None:
-            checkpoint.earlier(max(earliest, op.now + delay))
+            tx.clear_retry()
+            tx.state.dirty += 1
+        tx.pull_to_earliest(op.now)
         return
     for lane in sorted(op.lanes):
         queue.dirty(lane, op.now, progress=True)
-    if NATIVE in op.lanes and (not op.native_source or state.retry_generation is not None):
-        clear_retry(state)
-        state.dirty += 0 if op.native_source else 1
-    checkpoint.earlier(op.now + delay)
+    if NATIVE in op.lanes and (not op.native_source or tx.retrying):
+        tx.clear_retry()
+        tx.state.dirty += 0 if op.native_source else 1
+    tx.checkpoint.earlier(op.now + conf.minimum_alarm_delay())
 
 
 def _flush(frame: _Frame) -> None:
@@ -207,11 +204,9 @@ def _flush(frame: _Frame) -> None:
             commit_function.commit(intent, "commit maintenance source intent")
             continue
 
-        def replay(
-            state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, ops: list[_Op] = ops
-        ) -> None:
+        def replay(tx: AlarmTx, ops: list[_Op] = ops) -> None:
             for op in ops:
-                _replay(op, state, queue, checkpoint)
+                _replay(op, tx)
 
         # No savepoint: any failure here fails the whole source transaction anyway.
         run_alarm_transaction(host_id, "commit maintenance source intent", replay, join=True)
@@ -284,9 +279,7 @@ def schedule(
     if frame is not None:
         frame.ops.append(op)
         return
-    run_alarm_transaction(
-        host_id, "schedule maintenance lane", lambda s, q, c: _replay(op, s, q, c)
-    )
+    run_alarm_transaction(host_id, "schedule maintenance lane", lambda tx: _replay(op, tx))
 
 
 def record_progress(host: HostRef, lanes: Iterable[str] = ()) -> None:
@@ -361,7 +354,8 @@ def _prearm(
         if publication:
             enrolled.add(PUBLICATION)
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> int:
+    def fn(tx: AlarmTx) -> int:
+        queue = tx.queue
         ticket = MutationTicket.objects.create(
             host_id=host_id,
             lanes=sorted(enrolled),
@@ -376,10 +370,8 @@ def _prearm(
         for lane in lanes:
             queue.dirty(lane, now)  # crash fallback only
         if invalidates_recovery and not native_source:
-            state.dirty += 1
-        earliest = queue.next()
-        if earliest is not None:
-            checkpoint.earlier(max(earliest, now + conf.minimum_alarm_delay()))
+            tx.state.dirty += 1
+        tx.pull_to_earliest(now)
         return int(ticket.pk)
 
     ticket_id = run_alarm_transaction(host_id, "advance maintenance generation", fn)
@@ -390,11 +382,11 @@ def _end_mutation(host_id: int, ticket_id: int) -> None:
     """Delete the ticket and pull the slot forward to whatever is due (a promptness hint)."""
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
+    def fn(tx: AlarmTx) -> None:
         MutationTicket.objects.filter(pk=ticket_id).delete()
-        earliest = queue.next()
-        if earliest is not None:
-            checkpoint.earlier(max(now, earliest))
+        earliest = tx.queue.next()
+        if earliest is not None:  # a hint: no minimum delay
+            tx.checkpoint.earlier(max(now, earliest))
 
     run_alarm_transaction(host_id, "finish maintenance mutation", fn)
 
@@ -424,22 +416,12 @@ def run_as_producer(fn: Callable[..., T], *args: Any) -> T:
 def snapshot(host: HostRef, fn: Callable[[int], T]) -> T:
     """Run ``fn(live_ticket_count)`` under the host's generation lock."""
 
-    def run(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> T:
-        return fn(
-            MutationTicket.objects.filter(host_id=state.host_id).live(now=clock.now()).count()
-        )
+    def run(tx: AlarmTx) -> T:
+        return fn(tx.live_ticket_count(clock.now()))
 
     return run_alarm_transaction(host, "snapshot maintenance generation", run)
 
 
 def active_lanes(host: HostRef) -> frozenset[str]:
     """The lanes enrolled by live mutation tickets of ``host``."""
-    host_id = resolve_host_id(host, verify=False)
-    lanes: set[str] = set()
-    for ticket_lanes in (
-        MutationTicket.objects.filter(host_id=host_id)
-        .live(now=clock.now())
-        .values_list("lanes", flat=True)
-    ):
-        lanes.update(ticket_lanes)
-    return frozenset(lanes)
+    return producing_lanes(resolve_host_id(host, verify=False), clock.now())[1]

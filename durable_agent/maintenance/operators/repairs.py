@@ -11,20 +11,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from durable_agent import clock, conf, signals
+from durable_agent import clock, signals
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance import passes
 from durable_agent.maintenance.lane_ids import NATIVE, validate_lane_id
 from durable_agent.maintenance.store.alarm import _actor_name
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.models import (
     AlarmAudit,
     BindingRetry,
     DueLane,
     Host,
-    MaintenanceState,
     RecoveryFault,
 )
 from durable_agent.text import check_text, validate_reason
@@ -53,8 +50,7 @@ class RepairResult:
 
 
 def _audit(
-    state: MaintenanceState,
-    checkpoint: Checkpoint,
+    tx: AlarmTx,
     *,
     action: str,
     actor: str,
@@ -62,9 +58,10 @@ def _audit(
     now: datetime,
     detail: dict[str, Any],
 ) -> AlarmAudit:
+    state, checkpoint = tx.state, tx.checkpoint
     old = checkpoint.current
     audit = AlarmAudit.objects.create(
-        host_id=state.host_id,
+        host_id=tx.host_id,
         actor=actor,
         action=action,
         reason=reason,
@@ -80,19 +77,11 @@ def _audit(
     return audit
 
 
-def _arm(queue: DueQueue, checkpoint: Checkpoint, now: datetime) -> None:
-    earliest = queue.next()
-    if earliest is not None:
-        checkpoint.earlier(max(now + conf.minimum_alarm_delay(), earliest))
-
-
-def _native_opportunity(
-    state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint, now: datetime
-) -> None:
+def _native_opportunity(tx: AlarmTx, now: datetime) -> None:
     """Released native work: advance the generation, enroll the native lane, arm the slot."""
-    state.dirty += 1
-    queue.dirty(NATIVE, now, progress=True)
-    _arm(queue, checkpoint, now)
+    tx.state.dirty += 1
+    tx.queue.dirty(NATIVE, now, progress=True)
+    tx.pull_to_earliest(now)
 
 
 def _run(host: Host | str | int, operation: str, fn: Any) -> RepairResult:
@@ -109,17 +98,16 @@ def lane_unpark(
     actor_name = _actor_name(actor)
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> RepairResult:
-        row = queue.find(lane)
+    def fn(tx: AlarmTx) -> RepairResult:
+        row = tx.queue.find(lane)
         if row is None:
             raise RepairTargetNotFound(f"No lane {lane!r} on this host", lane=lane)
         if not row.parked:
             raise NotRepairable(f"Lane {lane!r} is {row.state}, not parked", lane=lane)
-        queue.dirty(lane, now, progress=True)
-        _arm(queue, checkpoint, now)
+        tx.queue.dirty(lane, now, progress=True)
+        tx.pull_to_earliest(now)
         audit = _audit(
-            state,
-            checkpoint,
+            tx,
             action="unpark",
             actor=actor_name,
             reason=reason,
@@ -129,11 +117,11 @@ def lane_unpark(
         signals.send_on_commit(
             signals.lane_unparked,
             sender=DueLane,
-            host=state.host,
+            host=tx.state.host,
             lane=lane,
             audit=audit,
         )
-        return RepairResult(state.host.key, "unpark", audit.pk, checkpoint.target())
+        return RepairResult(tx.state.host.key, "unpark", audit.pk, tx.checkpoint.target())
 
     return _run(host, "unpark maintenance lane", fn)
 
@@ -146,8 +134,8 @@ def binding_retry_now(
     actor_name = _actor_name(actor)
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> RepairResult:
-        retry = BindingRetry.objects.filter(host_id=state.host_id, pk=retry_id).first()
+    def fn(tx: AlarmTx) -> RepairResult:
+        retry = BindingRetry.objects.filter(host_id=tx.state.host_id, pk=retry_id).first()
         if retry is None:
             raise RepairTargetNotFound(f"No binding retry {retry_id} on this host")
         detail = {
@@ -157,17 +145,16 @@ def binding_retry_now(
             "registry_key": retry.registry_key,
         }
         retry.delete()
-        _native_opportunity(state, queue, checkpoint, now)
+        _native_opportunity(tx, now)
         audit = _audit(
-            state,
-            checkpoint,
+            tx,
             action="retry-binding",
             actor=actor_name,
             reason=reason,
             now=now,
             detail=detail,
         )
-        return RepairResult(state.host.key, "retry-binding", audit.pk, checkpoint.target())
+        return RepairResult(tx.state.host.key, "retry-binding", audit.pk, tx.checkpoint.target())
 
     return _run(host, "retry binding wait", fn)
 
@@ -183,8 +170,8 @@ def fault_retry_now(
     actor_name = _actor_name(actor)
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> RepairResult:
-        fault = RecoveryFault.objects.filter(host_id=state.host_id, thread=thread).first()
+    def fn(tx: AlarmTx) -> RepairResult:
+        fault = RecoveryFault.objects.filter(host_id=tx.state.host_id, thread=thread).first()
         if fault is None:
             raise RepairTargetNotFound(f"No recovery fault for thread {thread!r} on this host")
         detail = {
@@ -194,17 +181,16 @@ def fault_retry_now(
         }
         fault.retry_at = now
         fault.save(update_fields=["retry_at"])
-        _native_opportunity(state, queue, checkpoint, now)
+        _native_opportunity(tx, now)
         audit = _audit(
-            state,
-            checkpoint,
+            tx,
             action="retry-fault",
             actor=actor_name,
             reason=reason,
             now=now,
             detail=detail,
         )
-        return RepairResult(state.host.key, "retry-fault", audit.pk, checkpoint.target())
+        return RepairResult(tx.state.host.key, "retry-fault", audit.pk, tx.checkpoint.target())
 
     return _run(host, "retry recovery fault", fn)
 
@@ -215,10 +201,8 @@ def pass_now(*, host: Host | str | int, actor: Any = None, reason: str = "") -> 
     actor_name = _actor_name(actor)
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-        _audit(
-            state, checkpoint, action="pass", actor=actor_name, reason=reason, now=now, detail={}
-        )
+    def fn(tx: AlarmTx) -> None:
+        _audit(tx, action="pass", actor=actor_name, reason=reason, now=now, detail={})
 
     run_alarm_transaction(host, "audit maintenance pass", fn)
     return passes.run_pass(host)  # looked up at call time: a replaced run_pass is the one run

@@ -1,8 +1,8 @@
 """The maintenance pass and its phases (docs/pass.md).
 
 ``run.py`` (``run_pass``: the begin transaction, the general path around the native step,
-failure handling), ``lease.py`` (one pass per host at a time), ``ensure.py`` (``ensure_alarm``,
-the binding registry check and framework lanes it shares with the pass, ``report_parked``),
+failure handling), ``ensure.py`` (``ensure_alarm``, the binding registry check and framework
+lanes it shares with the pass, ``report_parked``),
 ``short_paths.py`` (a caught-up pass with nothing or one wave to run), ``pass_waves.py`` (the
 waves around the native step and the publication barrier), ``finish.py`` (the event deadline,
 the finish decision, ``rearm_failure``) and ``pass_records.py`` (``PassReport`` and its row).

@@ -20,11 +20,14 @@ from durable_agent.maintenance.lane_ids import (
     public_lane_name,
 )
 from durable_agent.maintenance.lanes import lane_registry
-from durable_agent.maintenance.store.alarm import clear_retry, computed_deadline
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import resolve_host_id, run_alarm_transaction
-from durable_agent.maintenance.types import EPOCH, Checkpoint, Lane
-from durable_agent.models import BindingRetry, DueLane, Host, MaintenanceState
+from durable_agent.maintenance.store.alarm import computed_deadline
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    resolve_host_id,
+    run_alarm_transaction,
+)
+from durable_agent.maintenance.types import EPOCH, Lane
+from durable_agent.models import BindingRetry, DueLane, Host
 from durable_agent.runtime import Runtime, get_runtime
 from durable_agent.text import duration
 
@@ -32,26 +35,29 @@ logger = logging.getLogger("durable_agent.maintenance")
 log_extra = observability.log_extra
 
 
-def read_current_state(state: MaintenanceState, queue: DueQueue, runtime: Runtime) -> None:
+def read_current_state(tx: AlarmTx, runtime: Runtime) -> None:
     """Apply a binding registry change: clear parked heads and open one native opportunity."""
     key = runtime.binding_registry_key()
-    if state.binding_registry_key == key:
+    if tx.state.binding_registry_key == key:
         return
-    state.binding_registry_key = key
-    clear_retry(state)
-    BindingRetry.objects.filter(host_id=state.host_id).delete()
-    state.dirty += 1
-    queue.dirty(NATIVE, EPOCH, progress=True)
+    tx.state.binding_registry_key = key
+    tx.clear_retry()
+    BindingRetry.objects.filter(host_id=tx.host_id).delete()
+    tx.state.dirty += 1
+    tx.queue.dirty(NATIVE, EPOCH, progress=True)
 
 
-def register_framework_lanes(queue: DueQueue) -> None:
-    """Give every framework lane with an installed handler its initial wave."""
+def register_framework_lanes(tx: AlarmTx, now: datetime) -> None:
+    """Give every framework lane with an installed handler its initial wave, and the
+    recovery-events lane one while events wait for it."""
     for lane in FRAMEWORK_LANES:
         if lane in (NATIVE, RECOVERY_EVENTS):
             continue
         spec = lane_registry.handler(lane)
         if spec is not None and not lane_registry.is_idle(spec):
-            queue.register(lane)
+            tx.queue.register(lane)
+    if tx.state.has_recovery_events and tx.queue.find(RECOVERY_EVENTS) is None:
+        tx.queue.dirty(RECOVERY_EVENTS, now)
 
 
 def ensure_alarm(host: Host | str | int) -> datetime | None:
@@ -64,15 +70,13 @@ def ensure_alarm(host: Host | str | int) -> datetime | None:
     failpoints.hit("maintenance:ensure:before")
     now = clock.now()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
-        read_current_state(state, queue, runtime)
-        register_framework_lanes(queue)
-        if state.has_recovery_events and queue.find(RECOVERY_EVENTS) is None:
-            queue.dirty(RECOVERY_EVENTS, now)
-        target = computed_deadline(state, queue, now)
+    def fn(tx: AlarmTx) -> datetime | None:
+        read_current_state(tx, runtime)
+        register_framework_lanes(tx, now)
+        target = computed_deadline(tx, now)
         if target is not None:
-            checkpoint.earlier(target)
-        return checkpoint.target()
+            tx.checkpoint.earlier(target)
+        return tx.checkpoint.target()
 
     slot = run_alarm_transaction(host_id, "ensure maintenance alarm", fn)
     failpoints.hit("maintenance:ensure:after")
@@ -84,8 +88,8 @@ def report_parked(host_id: int) -> int:
     """Log one notice per newly parked lane (marking it reported); never raises."""
     try:
 
-        def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> list[Lane]:
-            return queue.take_parked_reports()
+        def fn(tx: AlarmTx) -> list[Lane]:
+            return tx.queue.take_parked_reports()
 
         if not DueLane.objects.filter(host_id=host_id, state="parked", reported=False).exists():
             return 0

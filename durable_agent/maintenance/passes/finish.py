@@ -14,14 +14,13 @@ from durable_agent import clock, conf
 from durable_agent.errors import AlarmError
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.lanes.native.state import NativeResult
-from durable_agent.maintenance.lanes.waves import Observation
-from durable_agent.maintenance.passes import lease
-from durable_agent.maintenance.store.alarm import retry_deadline
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import Host, MaintenanceState, MutationTicket
+from durable_agent.maintenance.lanes.native.state import Pass
+from durable_agent.maintenance.store import lease
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    no_sooner_than_minimum,
+    run_alarm_transaction,
+)
 
 
 def _deadline_message() -> str:
@@ -35,32 +34,24 @@ def check_deadline(event_deadline: datetime) -> None:
         raise AlarmError("maintenance pass deadline", _deadline_message())
 
 
-def finish(
-    host: Host, observed: Observation, result: NativeResult, taken: lease.Lease
-) -> tuple[str, bool]:
-    """The final alarm decision: rearm at the earliest lane, or clear (docs/pass.md, step 4).
-
-    Also gives the lease back, and says whether a lane waits for its parked notice.
+def finish(p: Pass, taken: lease.Lease) -> None:
+    """The final alarm decision: rearm at the earliest lane, or clear (docs/pass.md, step 4),
+    into ``p.alarm``. Also gives the lease back, and says whether a lane waits for its parked
+    notice (``p.parked``).
     """
     failpoints.hit("maintenance:finish:before")
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> tuple[str, bool]:
-        lease.release_in(state, taken)
+    def fn(tx: AlarmTx) -> tuple[str, bool]:
+        lease.release_in(tx.state, taken)
         now = clock.now()
-        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
-        return settle_alarm(
-            state, queue, checkpoint, observed.generation, result.next_at, active, now
-        )
+        return settle_alarm(tx, p.generation, p.next_at, tx.live_ticket_count(now), now)
 
-    disposition = run_alarm_transaction(host, "finish maintenance event", fn)
+    p.alarm, p.parked = run_alarm_transaction(p.host, "finish maintenance event", fn)
     failpoints.hit("maintenance:finish:after")
-    return disposition
 
 
 def settle_alarm(
-    state: MaintenanceState,
-    queue: DueQueue,
-    checkpoint: Checkpoint,
+    tx: AlarmTx,
     generation: int | None,
     next_at: datetime | None,
     active: int,
@@ -68,12 +59,13 @@ def settle_alarm(
 ) -> tuple[str, bool]:
     """The finish decision inside an alarm transaction: ``rearmed`` or ``cleared``, and whether
     a parked lane waits for its notice (docs/pass.md, step 4)."""
+    state, queue = tx.state, tx.queue
     parked = any(row.parked and not row.reported for row in queue.read())
     delay = conf.minimum_alarm_delay()
     if active > 0 or state.dirty > state.processed:
-        retry_at = retry_deadline(state)
+        retry_at = tx.retry_deadline()
         if retry_at is not None and active == 0:
-            native: datetime | None = max(now + delay, retry_at)
+            native: datetime | None = no_sooner_than_minimum(retry_at, now)
         elif state.dirty == generation and active == 0:
             native = next_at or now + delay
         else:
@@ -81,17 +73,12 @@ def settle_alarm(
     else:
         native = None
     queue.checkpoint_native(native)
-    earliest = queue.next()
-    if earliest is not None:
-        checkpoint.at(max(now + delay, earliest))
-        return "rearmed", parked
-    checkpoint.cancel()
-    return "cleared", parked
+    return ("cleared" if tx.arm_at_earliest(now) is None else "rearmed"), parked
 
 
-def rearm_failure(host: Host, observed: Observation) -> None:
+def rearm_failure(p: Pass) -> None:
     """Failures durably schedule bounded recovery (docs/pass.md, failures)."""
-    generation, native_only = observed.generation, observed.native_only
+    generation, native_only = p.generation, p.native_only
     if generation is None:
         return  # failed before begin_pass read anything
     failpoints.hit("maintenance:retry:before")
@@ -99,43 +86,30 @@ def rearm_failure(host: Host, observed: Observation) -> None:
     jitter = clock.random()
     delay = conf.minimum_alarm_delay()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-        active = MutationTicket.objects.filter(host_id=state.host_id).live(now=now).count()
-        matches = state.retry_generation is not None and state.retry_generation == generation
-        if matches and state.retry_native_only:
-            pass  # a native-only retry is kept unchanged
-        else:
-            previous = matches and bool(state.retry_native_only) == native_only
-            prev_stalls = (state.retry_stalls or 0) if previous else 0
-            prev_floor = state.retry_not_before if previous else None
-            floor = now + timedelta(milliseconds=backoff.backoff_delay_ms(prev_stalls, jitter))
-            state.retry_generation = generation
-            state.retry_not_before = max(prev_floor or floor, floor)
-            state.retry_native_only = native_only
-            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, prev_stalls + 1)
-        native_deadline = state.retry_not_before or now + delay
+    def fn(tx: AlarmTx) -> None:
+        state, queue = tx.state, tx.queue
+        active = tx.live_ticket_count(now)
+        native_deadline = tx.back_off_failure(generation, native_only, now, jitter) or now + delay
         if active > 0 or state.dirty != generation:
             native_deadline = now + delay
         queue.checkpoint_native(
             native_deadline if (state.dirty > state.processed or active > 0) else None
         )
-        for lane, row in list(observed.queue.items()):
+        with p.lock:
+            seen, charged_revisions = list(p.seen.items()), dict(p.charged)
+        for lane, row in seen:
             if lane == NATIVE:
                 continue
             current = queue.find(lane)
             if current is None or row.due_at is None or row.due_at > now:
                 continue
-            charged = row if observed.charged.get(lane) == row.revision else queue.claim(row, now)
+            charged = row if charged_revisions.get(lane) == row.revision else queue.claim(row, now)
             if charged is not None:
                 queue.complete(
                     charged,
                     now + timedelta(milliseconds=backoff.backoff_delay_ms(charged.stalls, jitter)),
                 )
-        earliest = queue.next()
-        if earliest is None:
-            checkpoint.cancel()
-        else:
-            checkpoint.at(max(now + delay, earliest))
+        tx.arm_at_earliest(now)
 
-    run_alarm_transaction(host, "back off failed maintenance", fn)
+    run_alarm_transaction(p.host, "back off failed maintenance", fn)
     failpoints.hit("maintenance:retry:after")

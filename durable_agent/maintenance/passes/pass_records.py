@@ -15,6 +15,7 @@ from typing import Any
 
 from durable_agent import clock, conf, observability
 from durable_agent.maintenance import failpoints
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.passes.ensure import report_parked
 from durable_agent.models import Host, PassRecord
 from durable_agent.text import error_text
@@ -46,6 +47,20 @@ class PassReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def report_of(p: Pass, phase: str) -> PassReport:
+    """The report of a pass that ended in ``phase`` (not failed, busy or stale)."""
+    return PassReport(
+        host=p.host.key,
+        phase=phase,
+        recovered=p.recovery.recovered,
+        settled=p.settled,
+        nonterminal=p.nonterminal,
+        alarm=p.alarm,
+        generation=p.generation,
+        lateness_ms=p.lateness_ms,
+    )
 
 
 def recorded(host: Host, started_at: datetime, report: PassReport, parked: bool) -> PassReport:

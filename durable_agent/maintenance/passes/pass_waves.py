@@ -11,80 +11,63 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from durable_agent import clock, conf, observability
+from durable_agent import clock, observability
 from durable_agent.maintenance.lane_ids import PUBLICATION
 from durable_agent.maintenance.lanes import lane_registry
-from durable_agent.maintenance.lanes.pool import Executor
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.lanes.waves import (
-    Observation,
     admissible,
     join,
     run_wave,
     validate_lanes,
 )
 from durable_agent.maintenance.mutations import gate
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, Lane
-from durable_agent.models import Host, MaintenanceState
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    no_sooner_than_minimum,
+    run_alarm_transaction,
+)
+from durable_agent.maintenance.types import Lane
+
+#: A submitted wave: its lane, its future, its cancellation flag and its allowance in seconds.
+Wave = tuple[str, Future[Any], threading.Event, float]
 
 
-@dataclass(frozen=True)
-class PublicationPending:
-    """The publication lane still owes work: the native step waits until ``next_at``."""
-
-    next_at: datetime | None
-
-
-def publication_barrier(
-    host: Host,
-    rows: list[Lane],
-    observed: Observation,
-    until: datetime,
-    dispatch_end: datetime,
-) -> PublicationPending | None:
+def publication_barrier(p: Pass) -> tuple[bool, datetime | None]:
     """Run a due publication wave before the native step (6.4 step 1).
 
-    Returns None when publication is idle. While it is still pending or parked, the native
-    step waits, and the native lane's next time is the publication lane's deadline (no sooner
-    than the minimum alarm delay; none while it is parked) rather than the minimum delay, so
-    a pending publication is retried on its own backoff (1 s, 2 s, ... after each claim).
+    Returns (pending, the native lane's next time). While publication is still pending or
+    parked, the native step waits, and the native lane's next time is the publication lane's
+    deadline (no sooner than the minimum alarm delay; none while it is parked) rather than the
+    minimum delay, so a pending publication is retried on its own backoff (1 s, 2 s, ... after
+    each claim).
     """
-    row = next((r for r in rows if r.lane == PUBLICATION), None)
+    row = next((r for r in p.rows if r.lane == PUBLICATION), None)
     if row is None:
-        return None
+        return False, None
     spec = lane_registry.handler(PUBLICATION)
     if spec is not None and row.due_at is not None and row.due_at <= clock.now():
-        run_wave(host, spec, row, observed, until, dispatch_end, threading.Event())
-        row = next((Lane.from_model(r) for r in host.lanes.filter(lane=PUBLICATION)), row)
+        run_wave(p, spec, row, threading.Event())
+        row = next((Lane.from_model(r) for r in p.host.lanes.filter(lane=PUBLICATION)), row)
     if row.due_at is None and not row.parked:
-        return None
+        return False, None
     if row.parked or row.due_at is None:
-        return PublicationPending(None)
-    return PublicationPending(max(clock.now() + conf.minimum_alarm_delay(), row.due_at))
+        return True, None
+    return True, no_sooner_than_minimum(row.due_at, clock.now())
 
 
-def admit_waves(
-    host: Host,
-    rows: list[Lane],
-    producing: frozenset[str],
-    phase: str,
-    observed: Observation,
-    until: datetime,
-    dispatch_end: datetime,
-    executor: Executor,
-) -> list[tuple[str, Future[Any], threading.Event, float]]:
+def admit_waves(p: Pass, rows: list[Lane], producing: frozenset[str]) -> list[Wave]:
+    """Submit a wave of every due lane of a phase that runs beside the native step."""
     now = clock.now()
     waves = []
     for row in admissible(rows, producing, now):
         spec = lane_registry.handler(row.lane)
-        if spec is None or spec.phase != phase:
+        if spec is None or lane_registry.step_of(spec) != lane_registry.BESIDE_NATIVE:
             continue
-        waves.append(_submit_wave(executor, host, spec, row, observed, until, dispatch_end))
+        waves.append(_submit_wave(p, spec, row))
     return waves
 
 
@@ -100,14 +83,7 @@ def admit_waves(
 #     number of queries.
 
 
-def refill_waves(
-    host: Host,
-    done: list[tuple[str, Future[Any], threading.Event, float]],
-    observed: Observation,
-    until: datetime,
-    dispatch_end: datetime,
-    executor: Executor,
-) -> list[tuple[str, Future[Any], threading.Event, float]]:
+def refill_waves(p: Pass, done: list[Wave]) -> list[Wave]:
     """One more wave for each concurrent lane that became due while the native step ran
     (Note [Deliver what the pass produced])."""
     failed = {
@@ -115,43 +91,32 @@ def refill_waves(
         for lane, future, _, _ in done
         if not future.done() or future.cancelled() or future.exception() is not None
     }
-    if clock.now() >= until:
+    if clock.now() >= p.yield_at:
         return []
-    rows = [Lane.from_model(r) for r in host.lanes.all()]
+    rows = [Lane.from_model(r) for r in p.host.lanes.all()]
     rows = [r for r in rows if r.lane not in failed]
-    producing = frozenset(gate.active_lanes(host))
-    return admit_waves(host, rows, producing, "concurrent", observed, until, dispatch_end, executor)
+    return admit_waves(p, rows, frozenset(gate.active_lanes(p.host)))
 
 
 def _submit_wave(
-    executor: Executor,
-    host: Host,
+    p: Pass,
     spec: lane_registry.LaneSpec,
     row: Lane,
-    observed: Observation,
-    until: datetime,
-    dispatch_end: datetime,
     *,
+    after_native: bool = False,
     admitted: Callable[[], None] | None = None,
-) -> tuple[str, Future[Any], threading.Event, float]:
+) -> Wave:
+    assert p.executor is not None
     cancelled = threading.Event()
-    future = executor.submit(
+    future = p.executor.submit(
         observability.in_current_trace(
-            lambda: run_wave(
-                host, spec, row, observed, until, dispatch_end, cancelled, admitted=admitted
-            )
+            lambda: run_wave(p, spec, row, cancelled, after_native=after_native, admitted=admitted)
         )
     )
     return row.lane, future, cancelled, spec.allowance_ms / 1000
 
 
-def after_native(
-    host: Host,
-    observed: Observation,
-    until: datetime,
-    dispatch_end: datetime,
-    executor: Executor,
-) -> list[BaseException]:
+def after_native(p: Pass) -> list[BaseException]:
     """After-native waves, round-robin from the lane after the last one admitted.
 
     They are bounded by ``dispatch_end`` alone, not by the yield point: they run after the
@@ -159,16 +124,15 @@ def after_native(
     admitted only once its wave has claimed it, so a lane that did not run never moves the
     rotation on.
     """
-    selected = [s for s in lane_registry.lanes() if s.phase == "after-native"]
+    selected = [
+        s for s in lane_registry.lanes() if lane_registry.step_of(s) == lane_registry.AFTER_NATIVE
+    ]
     if not selected:
         return []
-    rows = {r.lane: r for r in (Lane.from_model(x) for x in host.lanes.all())}
-    producing = gate.active_lanes(host)
-    for row in rows.values():
-        if row.lane not in producing:
-            observed.available[row.lane] = row.revision
+    rows = {r.lane: r for r in (Lane.from_model(x) for x in p.host.lanes.all())}
+    producing = gate.active_lanes(p.host)
     validate_lanes(list(rows.values()))
-    cursor = MaintenanceState.objects.get(host_id=host.pk).last_after_native_lane
+    cursor = p.last_after_native_lane
     ordered = sorted(selected, key=lambda s: s.lane)
     index = next((i for i, s in enumerate(ordered) if cursor is None or s.lane > cursor), 0)
     rotated = ordered[index:] + ordered[:index]
@@ -178,17 +142,16 @@ def after_native(
         now = clock.now()
         if found is None or found.due_at is None or found.due_at > now or spec.lane in producing:
             continue
-        if now + timedelta(milliseconds=spec.allowance_ms) > dispatch_end:
+        if now + timedelta(milliseconds=spec.allowance_ms) > p.dispatch_end:
             continue
 
         def admit(lane: str = spec.lane) -> None:
-            def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-                state.last_after_native_lane = lane
+            def fn(tx: AlarmTx) -> None:
+                tx.state.last_after_native_lane = lane
 
-            run_alarm_transaction(host, "admit after-native wave", fn)
+            run_alarm_transaction(p.host, "admit after-native wave", fn)
+            p.last_after_native_lane = lane
 
-        wave = _submit_wave(
-            executor, host, spec, found, observed, dispatch_end, dispatch_end, admitted=admit
-        )
+        wave = _submit_wave(p, spec, found, after_native=True, admitted=admit)
         failures += join([wave])
     return failures

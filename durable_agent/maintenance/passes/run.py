@@ -1,10 +1,12 @@
 """The maintenance pass: one bounded, idempotent run of one host, started by its alarm.
 
-``run_pass(host)`` takes the host's pass lease (a concurrent pass returns ``busy`` at once),
-begins (the O(1) caught-up path makes a constant number of queries), runs the concurrent lane
-waves beside the native step, then the after-native waves, and finishes by re-arming or
-clearing the slot. Any failure first schedules bounded, durable recovery (``rearm_failure``)
-and is then re-raised, so the alarm always stays armed while work remains.
+``run_pass(host)`` builds the pass (``Pass``, ``lanes/native/state.py``) and ``begin`` takes
+the host's pass lease (a concurrent pass returns ``busy`` at once) and reads what the pass
+needs under the host's locks (the O(1) caught-up path makes a constant number of queries);
+``run_waves_and_native`` runs the concurrent lane waves beside the native step, then the
+after-native waves, and ``finish`` re-arms or clears the slot. Any failure first schedules
+bounded, durable recovery (``rearm_failure``) and is then re-raised, so the alarm always stays
+armed while work remains.
 
 The phases live beside it: ``ensure.py`` (the registry check, lane registration and parked
 notices it shares with ``ensure_alarm``), ``short_paths.py`` (a caught-up pass with nothing or
@@ -15,25 +17,16 @@ finish decision and ``rearm_failure``) and ``pass_records.py`` (``PassReport`` a
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from durable_agent import clock, conf, observability
 from durable_agent.errors import HostNotFound, PassError, PassFailed, is_stop
 from durable_agent.maintenance import failpoints
-from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, RECOVERY_EVENTS
-from durable_agent.maintenance.lanes.native.state import NativeResult, Started
-from durable_agent.maintenance.lanes.native.step import NativeStep
+from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
+from durable_agent.maintenance.lanes.native.state import Pass
+from durable_agent.maintenance.lanes.native.step import run_native
 from durable_agent.maintenance.lanes.pool import Executor
-from durable_agent.maintenance.lanes.waves import (
-    Observation,
-    arm_within_lease,
-    charge_in,
-    join,
-    observe_claim,
-    validate_lanes,
-)
-from durable_agent.maintenance.passes import lease
+from durable_agent.maintenance.lanes.waves import join, validate_lanes
 from durable_agent.maintenance.passes.ensure import (
     read_current_state,
     register_framework_lanes,
@@ -43,14 +36,13 @@ from durable_agent.maintenance.passes.finish import (
     check_deadline,
     finish,
     rearm_failure,
-    settle_alarm,
 )
 from durable_agent.maintenance.passes.pass_records import (
     MAX_PASS_ERROR_LENGTH,
     PassReport,
     record,
     recorded,
-    write_record,
+    report_of,
 )
 from durable_agent.maintenance.passes.pass_waves import (
     admit_waves,
@@ -58,13 +50,16 @@ from durable_agent.maintenance.passes.pass_waves import (
     publication_barrier,
     refill_waves,
 )
-from durable_agent.maintenance.passes.short_paths import Begun, one_wave, short_path
-from durable_agent.maintenance.store.alarm import retry_deadline
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import resolve_host_id, run_alarm_transaction
-from durable_agent.maintenance.types import EPOCH, Checkpoint, Lane
-from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
-from durable_agent.runtime import Runtime, get_runtime
+from durable_agent.maintenance.passes.short_paths import one_wave, quick
+from durable_agent.maintenance.store import lease
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    resolve_host_id,
+    run_alarm_transaction,
+)
+from durable_agent.maintenance.types import EPOCH, Lane
+from durable_agent.models import Host, PassPhase
+from durable_agent.runtime import get_runtime
 from durable_agent.text import error_text
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -89,7 +84,7 @@ def run_pass(
     """
     with observability.span("durable_agent.pass") as current:
         try:
-            report = _run_pass(host, deadline=deadline, guard=guard)
+            report = _run_pass(host, slot_time=deadline, guard=guard)
         except BaseException as exc:
             if isinstance(exc, Exception) or is_stop(exc):
                 raise
@@ -99,87 +94,63 @@ def run_pass(
         return report
 
 
-def _run_pass(host: Host | str | int, *, deadline: datetime | None, guard: bool) -> PassReport:
+def _run_pass(host: Host | str | int, *, slot_time: datetime | None, guard: bool) -> PassReport:
     # An id is read by the pass's first transaction (with the lanes), not by a query before it.
     ref = host if isinstance(host, int) and not isinstance(host, bool) else _host(host)
-    started_at = clock.now()
-    lateness = (
-        None if deadline is None else int((started_at - deadline) / timedelta(milliseconds=1))
-    )
-    observed = Observation()
-    begun = _begin(
-        ref,
-        observed,
-        get_runtime(),
-        fired_for=deadline if guard else None,
-        started_at=started_at,
-        deadline=deadline,
-        lateness=lateness,
-    )
-    host_obj = begun.host
-    taken = begun.lease
+    p = Pass(ref, get_runtime(), clock.now(), slot_time=slot_time, guard=guard)
+    begin(p)
+    taken = p.lease
     if isinstance(taken, lease.Stale):
         logger.debug(
             "Stale alarm delivery: %s",
             taken.reason,
-            extra=log_extra(host_obj, phase="stale", action="pass"),
+            extra=log_extra(p.host, phase="stale", action="pass"),
         )
-        return PassReport(host=host_obj.key, phase="stale", lateness_ms=lateness)
+        return PassReport(host=p.host.key, phase="stale", lateness_ms=p.lateness_ms)
     if isinstance(taken, lease.Busy):
-        report = PassReport(host=host_obj.key, phase=PassPhase.BUSY.value, lateness_ms=lateness)
-        record(host_obj, started_at, report, deadline=deadline)
+        report = PassReport(host=p.host.key, phase=PassPhase.BUSY.value, lateness_ms=p.lateness_ms)
+        record(p.host, p.started_at, report, deadline=slot_time)
         return report
-    if begun.finished is not None:  # Note [Nothing or one wave to run]
-        return recorded(host_obj, started_at, begun.finished, begun.parked)
+    assert isinstance(taken, lease.Lease)
+    if p.finished:  # Note [Nothing or one wave to run]
+        return recorded(p.host, p.started_at, report_of(p, PassPhase.CAUGHT_UP.value), p.parked)
     released = False
     try:
         with lease.heartbeat(taken):
             try:
                 failpoints.hit("maintenance:begin:after")
-                if begun.wave is not None:
-                    finished, parked = one_wave(
-                        host_obj, started_at, observed, begun, taken, deadline, lateness
-                    )
+                if p.wave is not None:
+                    one_wave(p, taken)
                     released = True
-                    return recorded(host_obj, started_at, finished, parked)
-                result, phase, recovered, settled = _run_event(
-                    host_obj, started_at, observed, begun
-                )
-                alarm, parked = finish(host_obj, observed, result, taken)
+                    report = report_of(p, PassPhase.CAUGHT_UP.value)
+                    return recorded(p.host, p.started_at, report, p.parked)
+                phase = run_waves_and_native(p)
+                finish(p, taken)
                 released = True
             except BaseException as exc:
                 try:
-                    rearm_failure(host_obj, observed)
+                    rearm_failure(p)
                 except Exception:
                     logger.exception(
                         "Backing off a failed pass failed",
-                        extra=log_extra(host_obj, action="rearm_failure"),
+                        extra=log_extra(p.host, action="rearm_failure"),
                     )
                 failed = PassReport(
-                    host=host_obj.key,
+                    host=p.host.key,
                     phase=PassPhase.FAILED.value,
-                    lateness_ms=lateness,
-                    generation=observed.generation,
+                    lateness_ms=p.lateness_ms,
+                    generation=p.generation,
                 )
-                record(host_obj, started_at, failed, deadline=deadline, error=exc)
+                record(p.host, p.started_at, failed, deadline=slot_time, error=exc)
                 raise
     finally:
         if not released:
             lease.release(taken)
-            report_parked(host_obj.pk)
-    if parked:
-        report_parked(host_obj.pk)
-    report = PassReport(
-        host=host_obj.key,
-        phase=phase,
-        recovered=recovered,
-        settled=settled,
-        nonterminal=result.nonterminal,
-        alarm=alarm,
-        generation=observed.generation,
-        lateness_ms=lateness,
-    )
-    record(host_obj, started_at, report, deadline=deadline)
+            report_parked(p.host.pk)
+    if p.parked:
+        report_parked(p.host.pk)
+    report = report_of(p, phase)
+    record(p.host, p.started_at, report, deadline=slot_time)
     return report
 
 
@@ -192,52 +163,37 @@ def _host(host: Host | str | int) -> Host:
     return found
 
 
-def _run_event(
-    host: Host, started_at: datetime, observed: Observation, begun: Begun
-) -> tuple[NativeResult, str, int, int]:
-    runtime = get_runtime()
-    yield_after = started_at + conf.yield_after()
-    dispatch_until = started_at + conf.dispatch_until()
-    event_deadline = started_at + conf.event_timeout()
-    started, rows, producing = begun.started, begun.rows, begun.producing
-    assert started is not None
-    for row in rows:
-        observed.queue.setdefault(row.lane, row)
-        if row.lane not in producing:
-            observed.available[row.lane] = row.revision
-    validate_lanes(rows)
-    executor = Executor(conf.pass_workers())
+def run_waves_and_native(p: Pass) -> str:
+    """The general path: the concurrent waves beside the native step (after the publication
+    barrier), one more round of them, then the after-native waves; returns the pass's phase."""
+    p.saw(p.rows)
+    validate_lanes(p.rows)
+    p.executor = Executor(conf.pass_workers())
     failures: list[BaseException] = []
     try:
-        waves = admit_waves(
-            host, rows, producing, "concurrent", observed, yield_after, dispatch_until, executor
-        )
-        native = NativeStep(host, runtime, started, yield_after, executor)
-        observed.native_only = started.actionable and not waves
+        waves = admit_waves(p, p.rows, p.producing)
+        p.native_only = p.actionable and not waves
         try:
-            pending = publication_barrier(host, rows, observed, yield_after, dispatch_until)
-            if pending is not None:
-                native.started = replace(started, actionable=False)
-                result = NativeResult("caught-up", started.nonterminal, pending.next_at)
-            else:
-                result = native.run()
+            pending, next_at = publication_barrier(p)
+            p.native_runs = p.actionable and not pending
+            if pending:
+                p.next_at = next_at
+            elif p.native_runs:
+                run_native(p)
         except BaseException as exc:
             failures.append(exc)
-            result = NativeResult("caught-up", started.nonterminal, None)
         else:
-            observed.native_only = False
+            p.native_only = False
         failures += join(waves)
-        if not failures and native.started.actionable:  # Note [Deliver what the pass produced]
-            refill = refill_waves(host, waves, observed, yield_after, dispatch_until, executor)
-            failures += join(refill)
-        failures += after_native(host, observed, yield_after, dispatch_until, executor)
+        if not failures and p.native_runs:  # Note [Deliver what the pass produced]
+            failures += join(refill_waves(p, waves))
+        failures += after_native(p)
     finally:
-        executor.shutdown()
+        p.executor.shutdown()
     if failures:
         raise combined(failures)
-    check_deadline(event_deadline)
-    phase = PassPhase.ACTIONABLE.value if started.actionable else result.phase
-    return result, phase, native.recovery.recovered, native.settled
+    check_deadline(p.event_deadline)
+    return PassPhase.ACTIONABLE.value if p.actionable else PassPhase.CAUGHT_UP.value
 
 
 def combined(failures: list[BaseException]) -> BaseException:
@@ -252,72 +208,37 @@ def combined(failures: list[BaseException]) -> BaseException:
     return PassFailed([f for f in failures if isinstance(f, Exception)])
 
 
-def _begin(
-    host: Host | int,
-    observed: Observation,
-    runtime: Runtime,
-    *,
-    fired_for: datetime | None,
-    started_at: datetime,
-    deadline: datetime | None,
-    lateness: int | None,
-) -> Begun:
+def begin(p: Pass) -> None:
     """Take the lease and ``begin_pass`` under the generation snapshot, in one short
     transaction: charge the native lane once (docs/pass.md, step 1). A caught-up pass with
     nothing or one wave to run goes further in the same transaction (Note [Nothing or one
-    wave to run])."""
+    wave to run]). Everything later phases need of the state row is read here, under the
+    host's locks, into ``p``.
+
+    The one place a pass starts: whatever the start (an alarm delivery with the early-fire
+    guard, an operator, a prompt start), it is a way into this transaction.
+    """
     failpoints.hit("maintenance:begin:before")
     now = clock.now()
+    fired_for = p.slot_time if p.guard else None
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> Begun:
-        taken = lease.take(state, queue, checkpoint, now, fired_for=fired_for)
+    def fn(tx: AlarmTx) -> None:
+        state, queue = tx.state, tx.queue
+        p.host = state.host
+        p.lease = taken = lease.take(tx, now, fired_for=fired_for)
         if not isinstance(taken, lease.Lease):
-            return Begun(taken, state.host)
-        tickets = list(
-            MutationTicket.objects.filter(host_id=state.host_id)
-            .live(now=now)
-            .values_list("lanes", flat=True)
-        )
-        active = len(tickets)
-        producing = frozenset(lane for lanes in tickets for lane in lanes)
-        read_current_state(state, queue, runtime)
-        register_framework_lanes(queue)
-        if state.has_recovery_events and queue.find(RECOVERY_EVENTS) is None:
-            queue.dirty(RECOVERY_EVENTS, now)
-        observed.generation = state.dirty
-        retry_at = retry_deadline(state) or EPOCH
+            return
+        active, p.producing = tx.producing_lanes(now)
+        read_current_state(tx, p.runtime)
+        register_framework_lanes(tx, now)
+        p.generation = state.dirty
+        p.nonterminal = state.nonterminal
+        p.active_at_start = active
+        p.last_recovered_thread = state.last_recovered_thread
+        p.last_after_native_lane = state.last_after_native_lane
+        retry_at = tx.retry_deadline() or EPOCH
         native = queue.find(NATIVE)
         publication = queue.find(PUBLICATION)
-        if active == 0 and native is not None:
-            observed.available[NATIVE] = native.revision
-        caught_up = Started(False, state.dirty, state.nonterminal, active)
-
-        def quick() -> Begun:
-            begun = Begun(taken, state.host, caught_up, queue.read(), producing)
-            plan = short_path(begun.rows, producing, now, started_at)
-            if plan is None:
-                return begun
-            if not isinstance(plan, tuple):  # NOTHING
-                lease.release_in(state, taken)
-                alarm, begun.parked = settle_alarm(
-                    state, queue, checkpoint, observed.generation, None, active, now
-                )
-                begun.finished = PassReport(
-                    host=state.host.key,
-                    phase=PassPhase.CAUGHT_UP.value,
-                    nonterminal=caught_up.nonterminal,
-                    alarm=alarm,
-                    generation=observed.generation,
-                    lateness_ms=lateness,
-                )
-                write_record(state.host, started_at, begun.finished, deadline=deadline)
-                return begun
-            spec, row = plan
-            claimed = charge_in(state, queue, checkpoint, row, now)
-            if claimed is not None:
-                begun.wave = (spec, claimed, now)
-            return begun
-
         if (
             state.processed >= state.dirty
             or retry_at > now
@@ -326,22 +247,22 @@ def _begin(
             or native.floor > now
             or (publication is not None and publication.parked)
         ):
-            return quick()
-        if observed.charged.get(NATIVE) == native.revision:
+            quick(tx, p, active, now)
+            return
+        if p.charged.get(NATIVE) == native.revision:
             charged: Lane | None = native
         else:
             charged = queue.claim(native, now, native=True)
         if charged is None:
-            return quick()
-        observed.queue[NATIVE] = charged
-        observed.charged[NATIVE] = charged.revision
-        arm_within_lease(state, queue, checkpoint, now)
-        started = Started(
-            True, state.dirty, state.nonterminal, active, charged.revision, charged.stalls
-        )
-        return Begun(taken, state.host, started, queue.read(), producing)
+            quick(tx, p, active, now)
+            return
+        p.claimed(charged)
+        tx.arm_within_lease(now)
+        p.actionable = True
+        p.source_revision = charged.revision
+        p.stalls = charged.stalls
+        p.rows = queue.read()
 
-    begun = run_alarm_transaction(host, "begin maintenance pass", fn)
-    if begun.wave is not None:
-        observe_claim(observed, begun.wave[1])
-    return begun
+    run_alarm_transaction(p.ref, "begin maintenance pass", fn)
+    if p.wave is not None:
+        p.claimed(p.wave[1])

@@ -1,54 +1,37 @@
 """The short paths of a caught-up pass: nothing or one lane wave to run.
 
-``short_path`` says what a caught-up pass has to run; the begin transaction
-(``durable_agent/maintenance/passes/run.py``) finishes a pass with nothing to run itself, or
-charges the one wave, which ``one_wave`` runs and completes together with the finish
-(Note [Nothing or one wave to run]). ``Begun`` is what the begin transaction found.
+``short_path`` says what a caught-up pass has to run; inside the begin transaction
+(``durable_agent/maintenance/passes/run.py``) ``quick`` finishes a pass with nothing to run,
+or charges the one wave, which ``one_wave`` runs and completes together with the finish
+(Note [Nothing or one wave to run]).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from durable_agent import clock, conf, observability
+from durable_agent import clock, observability
 from durable_agent.errors import LaneNotRegistered
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lane_ids import PUBLICATION
 from durable_agent.maintenance.lanes import lane_registry
 from durable_agent.maintenance.lanes.lane_registry import LaneSpec
-from durable_agent.maintenance.lanes.native.state import Started
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.lanes.waves import (
-    Observation,
     OverrunFlag,
     admissible,
+    charge_in,
     complete_in,
     complete_wave,
     run_claimed,
     validate_lanes,
 )
-from durable_agent.maintenance.passes import lease
 from durable_agent.maintenance.passes.finish import check_deadline, settle_alarm
-from durable_agent.maintenance.passes.pass_records import PassReport, write_record
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, Lane, LaneContext
-from durable_agent.models import Host, MaintenanceState, MutationTicket, PassPhase
-
-
-@dataclass
-class Begun:
-    lease: lease.Lease | lease.Busy | lease.Stale
-    host: Host
-    started: Started | None = None
-    rows: list[Lane] = field(default_factory=list)
-    producing: frozenset[str] = frozenset()
-    # Note [Nothing or one wave to run]: the one wave begin claimed, or the report of a pass
-    # begin already finished (and whether a parked lane waits for its notice).
-    wave: tuple[LaneSpec, Lane, datetime] | None = None
-    finished: PassReport | None = None
-    parked: bool = False
-
+from durable_agent.maintenance.passes.pass_records import report_of, write_record
+from durable_agent.maintenance.store import lease
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.maintenance.types import Lane, LaneContext
+from durable_agent.models import PassPhase
 
 # Note [Nothing or one wave to run]
 #     Most passes of a busy deployment find the host caught up (no native work) with nothing
@@ -76,11 +59,10 @@ class Begun:
 NOTHING = "nothing"
 
 
-def short_path(
-    rows: list[Lane], producing: frozenset[str], now: datetime, started_at: datetime
-) -> str | tuple[LaneSpec, Lane] | None:
+def short_path(p: Pass, now: datetime) -> str | tuple[LaneSpec, Lane] | None:
     """What a caught-up pass has to run: ``NOTHING``, one concurrent wave, or None for the
     general path (Note [Nothing or one wave to run])."""
+    rows, producing = p.rows, p.producing
     try:
         validate_lanes(rows)
     except LaneNotRegistered:
@@ -89,99 +71,75 @@ def short_path(
     publication = by_lane.get(PUBLICATION)
     if publication is not None and (publication.due_at is not None or publication.parked):
         return None  # the publication barrier
-    for registered in lane_registry.lanes():
-        found = by_lane.get(registered.lane)
-        if (
-            registered.phase == "after-native"
-            and found is not None
-            and found.due_at is not None
-            and found.due_at <= now
-            and registered.lane not in producing
-        ):
-            return None
     waves: list[tuple[LaneSpec, Lane]] = []
     for row in admissible(rows, producing, now):
-        found_spec = lane_registry.handler(row.lane)
-        if found_spec is not None and found_spec.phase == "concurrent":
-            waves.append((found_spec, row))
+        found = lane_registry.handler(row.lane)
+        if found is None or lane_registry.step_of(found) != lane_registry.BESIDE_NATIVE:
+            return None  # Note [Lane phases]: the general path runs every other step
+        waves.append((found, row))
     if not waves:
         return NOTHING
     if len(waves) > 1:
         return None
     spec, row = waves[0]
     allowance = timedelta(milliseconds=spec.allowance_ms)
-    if now >= started_at + conf.yield_after() or now + allowance > started_at + (
-        conf.dispatch_until()
-    ):
+    if now >= p.yield_at or now + allowance > p.dispatch_end:
         return None
     return spec, row
 
 
-def one_wave(
-    host: Host,
-    started_at: datetime,
-    observed: Observation,
-    begun: Begun,
-    taken: lease.Lease,
-    deadline: datetime | None,
-    lateness: int | None,
-) -> tuple[PassReport, bool]:
+def quick(tx: AlarmTx, p: Pass, active: int, now: datetime) -> None:
+    """Inside the begin transaction of a caught-up pass: finish a pass with nothing to run,
+    or charge its one wave (Note [Nothing or one wave to run])."""
+    p.rows = tx.queue.read()
+    plan = short_path(p, now)
+    if plan is None:
+        return
+    if not isinstance(plan, tuple):  # NOTHING
+        assert isinstance(p.lease, lease.Lease)
+        lease.release_in(tx.state, p.lease)
+        p.alarm, p.parked = settle_alarm(tx, p.generation, None, active, now)
+        p.finished = True
+        report = report_of(p, PassPhase.CAUGHT_UP.value)
+        write_record(tx.host, p.started_at, report, deadline=p.slot_time)
+        return
+    spec, row = plan
+    claimed = charge_in(tx, row, now)
+    if claimed is not None:
+        p.wave = (spec, claimed, now)
+
+
+def one_wave(p: Pass, taken: lease.Lease) -> None:
     """Run the wave begin claimed, then complete it and finish the pass in one transaction
     (Note [Nothing or one wave to run])."""
-    assert begun.wave is not None
-    assert begun.started is not None
-    spec, claimed, charged_at = begun.wave
-    for row in begun.rows:
-        observed.queue.setdefault(row.lane, row)
-        if row.lane not in begun.producing:
-            observed.available.setdefault(row.lane, row.revision)
+    assert p.wave is not None
+    spec, claimed, charged_at = p.wave
+    p.saw(p.rows)
     allowance = timedelta(milliseconds=spec.allowance_ms)
     context = LaneContext(
-        host=host,
+        host=p.host,
         lane=spec.lane,
         deadline=charged_at + allowance,
         _cancelled=OverrunFlag(charged_at + allowance + timedelta(seconds=1)),
     )
     with observability.span(
-        "durable_agent.wave", host_key=host.key, host_id=host.pk, lane=spec.lane
+        "durable_agent.wave", host_key=p.host.key, host_id=p.host.pk, lane=spec.lane
     ):
         outcome, failure = run_claimed(spec.lane, lambda: spec.run(context), charged_at, allowance)
     if failure is not None:
-        complete_wave(host, claimed, None, failure, observed)
+        complete_wave(p, claimed, None, failure)
         raise failure
-    check_deadline(started_at + conf.event_timeout())
+    check_deadline(p.event_deadline)
     failpoints.hit("maintenance:finish:before")
     jitter = clock.random()
-    nonterminal = begun.started.nonterminal
 
-    def fn(
-        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
-    ) -> tuple[int | None, PassReport, bool]:
+    def fn(tx: AlarmTx) -> None:
         now = clock.now()
-        tickets = list(
-            MutationTicket.objects.filter(host_id=state.host_id)
-            .live(now=now)
-            .values_list("lanes", flat=True)
-        )
-        producing = frozenset(lane for lanes in tickets for lane in lanes)
-        revision = complete_in(queue, claimed, outcome, None, producing, jitter)
-        lease.release_in(state, taken)
-        alarm, parked = settle_alarm(
-            state, queue, checkpoint, observed.generation, None, len(tickets), now
-        )
-        report = PassReport(
-            host=host.key,
-            phase=PassPhase.CAUGHT_UP.value,
-            nonterminal=nonterminal,
-            alarm=alarm,
-            generation=observed.generation,
-            lateness_ms=lateness,
-        )
-        write_record(state.host, started_at, report, deadline=deadline)
-        return revision, report, parked
+        active, producing = tx.producing_lanes(now)
+        complete_in(tx.queue, claimed, outcome, None, producing, jitter)
+        lease.release_in(tx.state, taken)
+        p.alarm, p.parked = settle_alarm(tx, p.generation, None, active, now)
+        report = report_of(p, PassPhase.CAUGHT_UP.value)
+        write_record(tx.host, p.started_at, report, deadline=p.slot_time)
 
-    revision, report, parked = run_alarm_transaction(host, "finish maintenance event", fn)
-    if revision is not None:
-        with observed.lock:
-            observed.available[claimed.lane] = revision
-    return report, parked
+    run_alarm_transaction(p.host, "finish maintenance event", fn)

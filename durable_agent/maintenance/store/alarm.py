@@ -15,11 +15,14 @@ from typing import Any
 from durable_agent import clock, conf, signals
 from durable_agent.errors import HostNotFound, InvalidInput, RearmRefused
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.slot import slot_deadline
-from durable_agent.maintenance.store.transactions import resolve_host_id, run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint, validate_deadline
-from durable_agent.models import AlarmAudit, Host, MaintenanceState
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    resolve_host_id,
+    run_alarm_transaction,
+)
+from durable_agent.maintenance.types import validate_deadline
+from durable_agent.models import AlarmAudit, Host
 from durable_agent.text import check_text, is_blank, validate_reason
 
 
@@ -31,31 +34,16 @@ def scheduled(host: Host | str | int) -> datetime | None:
     return slot_deadline(row.alarm)
 
 
-def retry_deadline(state: MaintenanceState) -> datetime | None:
-    """The durable native backoff floor, when it belongs to the current generation."""
-    if state.retry_generation is not None and state.retry_generation == state.dirty:
-        return state.retry_not_before
-    return None
-
-
-def clear_retry(state: MaintenanceState) -> None:
-    """Drop the durable native backoff (all four fields together)."""
-    state.retry_generation = None
-    state.retry_not_before = None
-    state.retry_native_only = None
-    state.retry_stalls = None
-
-
-def computed_deadline(state: MaintenanceState, queue: DueQueue, now: datetime) -> datetime | None:
+def computed_deadline(tx: AlarmTx, now: datetime) -> datetime | None:
     """Recompute the slot from the state and the lanes (the ``ensure_alarm`` rule).
 
     A dirty generation owes the native lane a deadline (its durable backoff floor when one
     matches, else its own deadline, else now); the slot is then the earliest lane deadline,
     never sooner than the minimum alarm delay.
     """
-    if state.dirty > state.processed:
-        native_row = queue.find(NATIVE)
-        retry_at = retry_deadline(state)
+    if tx.state.dirty > tx.state.processed:
+        native_row = tx.queue.find(NATIVE)
+        retry_at = tx.retry_deadline()
         if retry_at is not None:
             native: datetime | None = retry_at
         elif native_row is not None and native_row.due_at is not None:
@@ -64,11 +52,8 @@ def computed_deadline(state: MaintenanceState, queue: DueQueue, now: datetime) -
             native = now + conf.minimum_alarm_delay()
     else:
         native = None
-    queue.checkpoint_native(native)
-    earliest = queue.next()
-    if earliest is None:
-        return None
-    return max(now + conf.minimum_alarm_delay(), earliest)
+    tx.queue.checkpoint_native(native)
+    return tx.earliest_slot(now)
 
 
 def _actor_name(actor: Any) -> str:
@@ -104,10 +89,11 @@ def rearm(
     reason = validate_reason(reason)
     actor_name = _actor_name(actor)
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
+    def fn(tx: AlarmTx) -> datetime | None:
         now = clock.now()
+        state, checkpoint = tx.state, tx.checkpoint
         old = checkpoint.current
-        computed = computed_deadline(state, queue, now)
+        computed = computed_deadline(tx, now)
         if at is None:
             new = computed
         elif computed is not None and at > computed:

@@ -17,7 +17,7 @@ Django upgrade): ``Model._meta.concrete_fields`` / ``db_table`` / ``get_field``,
 ``Field.get_col`` and ``Col.get_db_converters``, ``connection.ops.get_db_converters`` and
 ``quote_name``, ``Field.get_db_prep_save`` / ``get_db_prep_value``, ``Model.from_db``, and
 ``connection.features.has_select_for_update`` / ``has_select_for_update_of``.
-tests/maintenance/test_rows.py compares every statement built here with what the ORM reads and
+tests/maintenance/store/test_rows.py compares every statement built here with what the ORM reads and
 writes; ``make test`` runs it on Django 5.2 and 6.1, the two ends of the supported range.
 """
 

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
@@ -38,18 +38,18 @@ from durable_agent.errors import (
     error_message,
     type_name,
 )
+from durable_agent.maintenance import backoff
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.rows import lock_state_row, update_where
 from durable_agent.maintenance.store.slot import apply_checkpoint, slot_deadline
 from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import Host, MaintenanceState
+from durable_agent.models import Host, MaintenanceState, MutationTicket
 from durable_agent.text import storable, unstorable
 
 logger = logging.getLogger("durable_agent.maintenance")
 
 T = TypeVar("T")
-AlarmFn = Callable[[MaintenanceState, DueQueue, Checkpoint], T]
 
 _STATE_FIELDS = [
     f.attname
@@ -59,15 +59,160 @@ _STATE_FIELDS = [
 _local = threading.local()
 
 
-@dataclass
-class AlarmContext:
-    """What an alarm transaction holds while it runs."""
+def no_sooner_than_minimum(when: datetime, now: datetime) -> datetime:
+    """A slot time: ``when``, but never sooner than the minimum alarm delay after ``now``."""
+    return max(now + conf.minimum_alarm_delay(), when)
 
-    host_id: int
-    operation: str
-    state: MaintenanceState
-    queue: DueQueue
-    checkpoint: Checkpoint
+
+def live_ticket_count(host_id: int, now: datetime) -> int:
+    """How many mutation tickets of the host are live at ``now``."""
+    return MutationTicket.objects.filter(host_id=host_id).live(now=now).count()
+
+
+def producing_lanes(host_id: int, now: datetime) -> tuple[int, frozenset[str]]:
+    """The live mutation tickets of the host (one query): their count, and the lanes they
+    enroll (a producer is writing them: no wave may acknowledge them)."""
+    tickets = list(
+        MutationTicket.objects.filter(host_id=host_id).live(now=now).values_list("lanes", flat=True)
+    )
+    return len(tickets), frozenset(lane for lanes in tickets for lane in lanes)
+
+
+class AlarmTx:
+    """The handle an alarm transaction hands its callback: the host's locked state row
+    (``state``), its lanes (``queue``) and the slot intent (``checkpoint``), with the rules
+    every alarm transaction shares: the live mutation tickets, arming the slot at the earliest
+    lane deadline (never sooner than the minimum delay), and the durable native backoff (the
+    four ``retry_*`` fields, written, cleared and read only here).
+    """
+
+    def __init__(
+        self,
+        host_id: int,
+        operation: str,
+        state: MaintenanceState,
+        queue: DueQueue,
+        checkpoint: Checkpoint,
+    ) -> None:
+        self.host_id = host_id
+        self.operation = operation
+        self.state = state
+        self.queue = queue
+        self.checkpoint = checkpoint
+
+    @property
+    def host(self) -> Host:
+        return self.state.host
+
+    # -- live mutation tickets -------------------------------------------------------------
+
+    def live_ticket_count(self, now: datetime) -> int:
+        return live_ticket_count(self.host_id, now)
+
+    def producing_lanes(self, now: datetime) -> tuple[int, frozenset[str]]:
+        return producing_lanes(self.host_id, now)
+
+    # -- the slot --------------------------------------------------------------------------
+
+    def earliest_slot(self, now: datetime) -> datetime | None:
+        """The earliest lane deadline, never sooner than the minimum delay (None: all idle)."""
+        earliest = self.queue.next()
+        return None if earliest is None else no_sooner_than_minimum(earliest, now)
+
+    def arm_at_earliest(self, now: datetime) -> datetime | None:
+        """Set the slot to :meth:`earliest_slot`, or disarm it when every lane is idle."""
+        target = self.earliest_slot(now)
+        if target is None:
+            self.checkpoint.cancel()
+        else:
+            self.checkpoint.at(target)
+        return target
+
+    def pull_to_earliest(self, now: datetime) -> None:
+        """Arm the slot at :meth:`earliest_slot` unless it already holds an earlier time."""
+        target = self.earliest_slot(now)
+        if target is not None:
+            self.checkpoint.earlier(target)
+
+    def arm_within_lease(self, now: datetime) -> None:
+        """:meth:`arm_at_earliest`, but while a pass lease is live no later than its expiry: a
+        pass that dies mid-way is retried within the lease TTL (docs/pass.md)."""
+        target = self.earliest_slot(now)
+        lease_end = self.state.pass_lease_expires_at
+        if self.state.pass_lease_owner and lease_end is not None and lease_end > now:
+            target = lease_end if target is None else min(target, lease_end)
+        if target is None:
+            self.checkpoint.cancel()
+        else:
+            self.checkpoint.at(target)
+
+    def keep_armed(self) -> None:
+        """Note [No dirty host without an alarm]
+        Whatever the callback did, a transaction that leaves the host dirty or any lane with a
+        deadline never leaves the slot disarmed: it arms it at the earliest lane deadline (never
+        sooner than the minimum delay). Correct callers never need this; it keeps the invariant
+        true for every other path (a first use that only reads, a helper that forgot its intent).
+        """
+        if self.checkpoint.target() is not None:
+            return
+        earliest = self.queue.next()
+        if earliest is None and self.state.dirty <= self.state.processed:
+            return
+        now = clock.now()
+        self.checkpoint.earlier(no_sooner_than_minimum(earliest or now, now))
+
+    # -- the durable native backoff (the retry_* fields) -----------------------------------
+
+    @property
+    def retrying(self) -> bool:
+        """Whether a durable native backoff is recorded (of any generation)."""
+        return self.state.retry_generation is not None
+
+    def retry_deadline(self) -> datetime | None:
+        """The durable native backoff floor, when it belongs to the current generation."""
+        state = self.state
+        if state.retry_generation is not None and state.retry_generation == state.dirty:
+            return state.retry_not_before
+        return None
+
+    def clear_retry(self) -> None:
+        """Drop the durable native backoff (all four fields together)."""
+        state = self.state
+        state.retry_generation = None
+        state.retry_not_before = None
+        state.retry_native_only = None
+        state.retry_stalls = None
+
+    def back_off_native(self, generation: int, not_before: datetime, stalls: int) -> None:
+        """Record a native step that made no progress: no native opportunity before
+        ``not_before`` for ``generation`` (``stalls`` is the step's charged stall count)."""
+        state = self.state
+        state.retry_generation = generation
+        state.retry_not_before = not_before
+        state.retry_native_only = True
+        state.retry_stalls = min(backoff.MAX_RETRY_STALLS, stalls + 1)
+
+    def back_off_failure(
+        self, generation: int, native_only: bool, now: datetime, jitter: float
+    ) -> datetime | None:
+        """Record a failed pass of ``generation`` and return the native floor: a native-only
+        backoff of that generation is kept; a repeated failure of the same kind doubles the
+        previous delay (jittered, ``backoff.backoff_delay_ms``)."""
+        state = self.state
+        matches = state.retry_generation is not None and state.retry_generation == generation
+        if not (matches and state.retry_native_only):
+            previous = matches and bool(state.retry_native_only) == native_only
+            prev_stalls = (state.retry_stalls or 0) if previous else 0
+            prev_floor = state.retry_not_before if previous else None
+            floor = now + timedelta(milliseconds=backoff.backoff_delay_ms(prev_stalls, jitter))
+            state.retry_generation = generation
+            state.retry_not_before = max(prev_floor or floor, floor)
+            state.retry_native_only = native_only
+            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, prev_stalls + 1)
+        return state.retry_not_before
+
+
+AlarmFn = Callable[[AlarmTx], T]
 
 
 def resolve_host_id(host: Host | str | int, *, verify: bool = True) -> int:
@@ -104,13 +249,13 @@ def user_atomic_depth(using: str = DEFAULT_DB_ALIAS) -> int:
     )
 
 
-def current() -> AlarmContext | None:
+def current() -> AlarmTx | None:
     """The alarm transaction this thread is inside, if any."""
-    stack: list[AlarmContext] = getattr(_local, "stack", [])
+    stack: list[AlarmTx] = getattr(_local, "stack", [])
     return stack[-1] if stack else None
 
 
-def require_alarm_transaction() -> AlarmContext:
+def require_alarm_transaction() -> AlarmTx:
     """Return the current alarm transaction; raise if there is none."""
     context = current()
     if context is None:
@@ -148,8 +293,8 @@ def _state_values(state: MaintenanceState) -> dict[str, Any]:
 
 
 @contextmanager
-def _entered(context: AlarmContext) -> Iterator[AlarmContext]:
-    stack: list[AlarmContext] = getattr(_local, "stack", None) or []
+def _entered(context: AlarmTx) -> Iterator[AlarmTx]:
+    stack: list[AlarmTx] = getattr(_local, "stack", None) or []
     _local.stack = stack
     stack.append(context)
     try:
@@ -168,7 +313,7 @@ def commit_failed() -> AlarmError:
 def run_alarm_transaction(
     host: Host | str | int, operation: str, fn: AlarmFn[T], *, join: bool = False
 ) -> T:
-    """Run ``fn(state, queue, checkpoint)`` in one transaction with the host's locks held.
+    """Run ``fn(tx)`` in one transaction with the host's locks held (``tx``: :class:`AlarmTx`).
 
     Changed state fields and lanes are written (lanes with a revision compare-and-set) and the
     last checkpoint intent is applied to the slot, all before the transaction commits. Inside an
@@ -192,10 +337,10 @@ def run_alarm_transaction(
             queue.register(NATIVE)  # the gate's construction: the native lane always exists
             checkpoint = Checkpoint(current=slot_deadline(state.host.alarm))
             before = _state_values(state)
-            context = AlarmContext(host_id, operation, state, queue, checkpoint)
-            with _entered(context):
-                result = fn(state, queue, checkpoint)
-                _keep_armed(state, queue, checkpoint)
+            tx = AlarmTx(host_id, operation, state, queue, checkpoint)
+            with _entered(tx):
+                result = fn(tx)
+                tx.keep_armed()
                 _flush_state(state, before, operation)
                 queue.flush()
                 apply_checkpoint(state.host, checkpoint)
@@ -209,23 +354,6 @@ def run_alarm_transaction(
         raise AlarmError(operation, _safe_message(exc)) from exc
     except Exception as exc:
         raise AlarmError(operation, _safe_message(exc)) from exc
-
-
-def _keep_armed(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-    """Note [No dirty host without an alarm]
-    Whatever ``fn`` did, a transaction that leaves the host dirty or any lane with a deadline
-    never leaves the slot disarmed: it arms it at the earliest lane deadline (never sooner than
-    the minimum delay). Correct callers never need this; it keeps the invariant true for
-    every other path (a first use that only reads, a helper that forgot its intent).
-    """
-    if checkpoint.target() is not None:
-        return
-    earliest = queue.next()
-    if earliest is None and state.dirty <= state.processed:
-        return
-    now = clock.now()
-    soonest = now + conf.minimum_alarm_delay()
-    checkpoint.earlier(soonest if earliest is None else max(soonest, earliest))
 
 
 def _flush_state(state: MaintenanceState, before: dict[str, Any], operation: str) -> None:

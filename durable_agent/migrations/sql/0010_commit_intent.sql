@@ -24,7 +24,7 @@
 --
 --     Lock order is Note [Lock order]: state row -> lanes -> schedule row.
 --     tests/locks.py records a call of this function as those three locks, and
---     tests/maintenance/test_commit_function.py checks the order against a second connection.
+--     tests/maintenance/mutations/test_commit_function.py checks the order against a second connection.
 --
 --     The arguments are the intent folded per lane by Python (one entry per lane touched):
 --     the earliest deadline any call requested, how many calls were source progress, and

@@ -1,2 +1,3 @@
-"""The native step of a pass, by phase: ``step.py`` runs ``observe.py``, ``selection.py``,
-``attempts.py`` and ``checkpoint.py`` in order over the state of ``state.py``."""
+"""The pass object (``state.py``: ``Pass``) and its native step, by phase: ``step.py``
+(``run_native``) runs ``observe.py``, ``selection.py``, ``attempts.py`` and ``checkpoint.py``
+in order over the pass."""

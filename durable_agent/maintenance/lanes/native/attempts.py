@@ -11,23 +11,21 @@ from durable_agent import clock, signals
 from durable_agent.errors import BindingUnavailable
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lanes.native.observe import View
-from durable_agent.maintenance.lanes.native.state import NativeState
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.lanes.recovery import recover_thread
 from durable_agent.maintenance.mutations import gate
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import BindingRetry, MaintenanceState
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.models import BindingRetry
 from durable_agent.observability import log_extra
 from durable_agent.runtime import WorkItem
 
 logger = logging.getLogger("durable_agent.maintenance")
 
 
-def dispatch(step: NativeState, view: View, selected: list[str], backlog: list[str]) -> None:
+def dispatch(step: Pass, view: View, selected: list[str], backlog: list[str]) -> None:
     """Attempt the selected heads while the backlog is recovered; join them all."""
     futures: list[Future[int]] = []
-    if clock.now() < step.yield_after:
+    if clock.now() < step.yield_at:
         futures = [submit_attempt(step, view.heads[t], view.waits) for t in selected]
     failure: BaseException | None = None
     try:
@@ -47,25 +45,27 @@ def dispatch(step: NativeState, view: View, selected: list[str], backlog: list[s
         raise failure
 
 
-def submit_attempt(step: NativeState, head: WorkItem, waits: list[BindingRetry]) -> Future[int]:
+def submit_attempt(step: Pass, head: WorkItem, waits: list[BindingRetry]) -> Future[int]:
+    assert step.executor is not None
     return step.executor.submit(lambda: attempt(step, head, waits))
 
 
-def recover_backlog_thread(step: NativeState, thread: str) -> None:
+def recover_backlog_thread(step: Pass, thread: str) -> None:
     """Old-work recovery: the cursor is persisted before the work (a crash moves on)."""
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-        state.last_recovered_thread = thread
+    def fn(tx: AlarmTx) -> None:
+        tx.state.last_recovered_thread = thread
 
     failpoints.hit("maintenance:select:before")
     run_alarm_transaction(step.host, "advance recovery cursor", fn)
+    step.last_recovered_thread = thread
     failpoints.hit("maintenance:select:after")
     recover_thread(step.host, step.runtime, thread, step.recovery)
     with step.recovery.lock:
         step.recovery.pending.discard(thread)
 
 
-def attempt(step: NativeState, head: WorkItem, previous_waits: list[BindingRetry]) -> int:
+def attempt(step: Pass, head: WorkItem, previous_waits: list[BindingRetry]) -> int:
     """Recover the thread, then run its head once (docs/pass.md, step 2)."""
     recover_thread(step.host, step.runtime, head.thread, step.recovery)
     binding_failure: BindingUnavailable | None = None
@@ -73,9 +73,7 @@ def attempt(step: NativeState, head: WorkItem, previous_waits: list[BindingRetry
     if head.thread not in step.recovery.faults:
         try:
             with gate.native_source():
-                settlement = step.runtime.process_thread_head(
-                    step.host, head.thread, step.yield_after
-                )
+                settlement = step.runtime.process_thread_head(step.host, head.thread, step.yield_at)
         except BindingUnavailable as exc:
             binding_failure = exc
     previous = next((w for w in previous_waits if w.submission == head.submission), None)
@@ -114,16 +112,16 @@ def attempt(step: NativeState, head: WorkItem, previous_waits: list[BindingRetry
 
 
 def record_binding_wait(
-    step: NativeState, head: WorkItem, previous: BindingRetry | None, parked: bool
+    step: Pass, head: WorkItem, previous: BindingRetry | None, parked: bool
 ) -> None:
     now = clock.now()
     key = step.runtime.binding_registry_key()
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> None:
-        BindingRetry.objects.filter(host_id=state.host_id, submission=head.submission).delete()
+    def fn(tx: AlarmTx) -> None:
+        BindingRetry.objects.filter(host_id=tx.host_id, submission=head.submission).delete()
         if parked:
             BindingRetry.objects.create(
-                host_id=state.host_id,
+                host_id=tx.host_id,
                 thread=head.thread,
                 submission=head.submission,
                 attempts=min(backoff.MAX_RETRY_STALLS, (previous.attempts if previous else 0) + 1),

@@ -27,19 +27,18 @@ from datetime import datetime, timedelta
 from durable_agent import clock, conf
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lanes.native.observe import observe, skipped
-from durable_agent.maintenance.lanes.native.state import NativeResult, NativeState
-from durable_agent.maintenance.store.alarm import clear_retry
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import BindingRetry, MaintenanceState, MutationTicket
+from durable_agent.maintenance.lanes.native.state import Pass
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.models import BindingRetry
 from durable_agent.runtime import WorkItem
 
 
-def checkpoint(step: NativeState) -> NativeResult:
-    """Acknowledge what was observed, or back off; never writes the slot itself."""
+def checkpoint(step: Pass) -> None:
+    """Acknowledge what was observed, or back off; never writes the slot itself. Leaves the
+    native lane's next time in ``step.next_at`` and the work remaining in ``step.nonterminal``."""
     view = observe(step)
-    recovery, started = step.recovery, step.started
+    recovery, observed = step.recovery, step.generation
+    assert observed is not None
     remaining = view.current
     reports = recovery.reports
     first_seen: dict[str, bool] = {}
@@ -76,9 +75,7 @@ def checkpoint(step: NativeState) -> NativeResult:
     jitter = clock.random()
     if untimed:
         ordinary = (
-            conf.backoff_base_ms()
-            if progressed
-            else backoff.backoff_delay_ms(started.stalls, jitter)
+            conf.backoff_base_ms() if progressed else backoff.backoff_delay_ms(step.stalls, jitter)
         )
     else:
         ordinary = 0
@@ -96,48 +93,42 @@ def checkpoint(step: NativeState) -> NativeResult:
     delay = timedelta(milliseconds=max(ordinary, retry_ms))
     remaining_ids = {item.submission for item in remaining}
 
-    def fn(state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint) -> datetime | None:
-        active = _live_tickets(state.host_id, now)
-        overlap = started.active_at_start > 0 or active > 0
+    def fn(tx: AlarmTx) -> datetime | None:
+        state = tx.state
+        active = tx.live_ticket_count(now)
+        overlap = step.active_at_start > 0 or active > 0
         generation = (
             view.scanned_generation
             if not remaining
             and not view.owners
             and not overlap
             and state.dirty == view.scanned_generation
-            else started.generation
+            else observed
         )
         if not (autonomous or overlap):
             state.processed = max(state.processed, generation)
-        can_backoff = not overlap and state.dirty == started.generation
-        clear_retry(state)
+        can_backoff = not overlap and state.dirty == observed
+        tx.clear_retry()
         state.nonterminal = len(remaining)
-        BindingRetry.objects.filter(host_id=state.host_id).exclude(
+        BindingRetry.objects.filter(host_id=tx.host_id).exclude(
             submission__in=remaining_ids
         ).delete()
         if autonomous and not progressed and can_backoff:
-            state.retry_generation = started.generation
-            state.retry_not_before = now + delay
-            state.retry_native_only = True
-            state.retry_stalls = min(backoff.MAX_RETRY_STALLS, started.stalls + 1)
+            tx.back_off_native(observed, now + delay, step.stalls)
         if autonomous:
             due: datetime | None = now + (delay if can_backoff else _min_delay())
         elif overlap or state.dirty > state.processed:
             due = now + _min_delay()
         else:
             due = None
-        queue.checkpoint_native(due)
+        tx.queue.checkpoint_native(due)
         return due
 
     failpoints.hit("maintenance:checkpoint:before")
-    next_at = run_alarm_transaction(step.host, "checkpoint maintenance generation", fn)
+    step.next_at = run_alarm_transaction(step.host, "checkpoint maintenance generation", fn)
     failpoints.hit("maintenance:checkpoint:after")
-    return NativeResult("actionable", len(remaining), next_at, step.settled)
+    step.nonterminal = len(remaining)
 
 
 def _min_delay() -> timedelta:
     return conf.minimum_alarm_delay()
-
-
-def _live_tickets(host_id: int, now: datetime) -> int:
-    return MutationTicket.objects.filter(host_id=host_id).live(now=now).count()

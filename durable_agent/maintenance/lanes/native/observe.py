@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from durable_agent import clock
-from durable_agent.maintenance.lanes.native.state import NativeState
+from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.lanes.pool import bounded_call
 from durable_agent.maintenance.lanes.recovery import (
     READ_ABORT_INTENT,
@@ -43,17 +43,20 @@ class View:
     eligible: list[str]
     waits: list[BindingRetry]
     waiting: Callable[[WorkItem], bool]
-    last_recovered: str | None
-    last_served: str | None
 
 
-def observe(step: NativeState) -> View:
+def observe(step: Pass) -> View:
     host, runtime, recovery = step.host, step.runtime, step.recovery
-    state = MaintenanceState.objects.get(host_id=host.pk)
+    # The generation this scan answers for, read before it: a producer may have advanced it
+    # since begin. The rest of the state row is the pass's own (read by begin, kept by it).
+    scanned_generation = (
+        MaintenanceState.objects.filter(host_id=host.pk).values_list("dirty", flat=True).get()
+    )
+    cursor = step.last_recovered_thread
     with gate.native_source():
         current = list(runtime.scan_nonterminal(host))
-        owners = runtime.discover_work_threads(host, state.last_recovered_thread, DISCOVERY_LIMIT)
-        if not owners.threads and state.last_recovered_thread is not None:
+        owners = runtime.discover_work_threads(host, cursor, DISCOVERY_LIMIT)
+        if not owners.threads and cursor is not None:
             owners = runtime.discover_work_threads(host, None, DISCOVERY_LIMIT)
     recovery.discovery_pending |= owners.after is not None
     selection_time = clock.now()
@@ -92,21 +95,17 @@ def observe(step: NativeState) -> View:
     )
     waits = [w for w in waits if w.thread in heads and heads[w.thread].submission == w.submission]
     return View(
-        scanned_generation=state.dirty,
+        scanned_generation=scanned_generation,
         current=current,
         owners=owners.threads,
         heads=heads,
         eligible=eligible,
         waits=waits,
         waiting=waiting,
-        last_recovered=state.last_recovered_thread,
-        last_served=state.last_served_thread,
     )
 
 
-def stopping_threads(
-    step: NativeState, heads: dict[str, WorkItem], current: list[WorkItem]
-) -> set[str]:
+def stopping_threads(step: Pass, heads: dict[str, WorkItem], current: list[WorkItem]) -> set[str]:
     """Ready heads with an accepted abort: recovery settles them, no attempt runs."""
     stopping: set[str] = set()
     for head in heads.values():

@@ -14,14 +14,11 @@ from __future__ import annotations
 from durable_agent import clock
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lanes.native.observe import DISCOVERY_LIMIT, View
-from durable_agent.maintenance.lanes.native.state import NativeState
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.transactions import run_alarm_transaction
-from durable_agent.maintenance.types import Checkpoint
-from durable_agent.models import MaintenanceState
+from durable_agent.maintenance.lanes.native.state import Pass
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 
 
-def select(step: NativeState, view: View) -> tuple[list[str], list[str]]:
+def select(step: Pass, view: View) -> tuple[list[str], list[str]]:
     recovery = step.recovery
     waiting_threads = {w.thread for w in view.waits}
     runnable = [t for t in view.eligible if t not in waiting_threads]
@@ -29,9 +26,8 @@ def select(step: NativeState, view: View) -> tuple[list[str], list[str]]:
 
     failpoints.hit("maintenance:select:before")
 
-    def fn(
-        state: MaintenanceState, queue: DueQueue, checkpoint: Checkpoint
-    ) -> tuple[list[str], list[str], bool]:
+    def fn(tx: AlarmTx) -> tuple[list[str], list[str], bool]:
+        state = tx.state
         last = state.last_served_thread
         pivot = next((i for i, t in enumerate(runnable) if last is None or t > last), 0)
         selected = (runnable[pivot:] + runnable[:pivot])[: step.slots]

@@ -1,9 +1,9 @@
 """The native step of a pass: scan, discover, recover, select, attempt, checkpoint (6.4, 6.5).
 
-``NativeStep.run`` runs the phases in order, each in its own module over the shared
-``NativeState`` (``state.py``): observe the ledger (``observe.py``), select the heads and the
-old-work backlog (``selection.py``), attempt the heads while the backlog is recovered
-(``attempts.py``), then acknowledge or back off (``checkpoint.py``).
+``run_native`` runs the phases in order, each in its own module, over the pass (``state.py``):
+observe the ledger (``observe.py``), select the heads and the old-work backlog
+(``selection.py``), attempt the heads while the backlog is recovered (``attempts.py``), then
+acknowledge or back off (``checkpoint.py``).
 
 Note [Select again after recovery]
     Upstream's scheduling loop advances again once old-work recovery finished, dispatching
@@ -20,20 +20,16 @@ from durable_agent.maintenance.lanes.native.attempts import dispatch
 from durable_agent.maintenance.lanes.native.checkpoint import checkpoint
 from durable_agent.maintenance.lanes.native.observe import observe
 from durable_agent.maintenance.lanes.native.selection import select
-from durable_agent.maintenance.lanes.native.state import NativeResult, NativeState
+from durable_agent.maintenance.lanes.native.state import Pass
 
 
-class NativeStep(NativeState):
-    """Runs the native step of one pass for one host."""
-
-    def run(self) -> NativeResult:
-        if not self.started.actionable:
-            return NativeResult("caught-up", self.started.nonterminal, None)
-        view = observe(self)
-        selected, backlog = select(self, view)
-        dispatch(self, view, selected, backlog)
-        if backlog and not selected and clock.now() < self.yield_after:
-            view = observe(self)  # Note [Select again after recovery]
-            selected, _ = select(self, view)
-            dispatch(self, view, selected, [])
-        return checkpoint(self)
+def run_native(p: Pass) -> None:
+    """Run the native step of a pass whose begin charged the native lane."""
+    view = observe(p)
+    selected, backlog = select(p, view)
+    dispatch(p, view, selected, backlog)
+    if backlog and not selected and clock.now() < p.yield_at:
+        view = observe(p)  # Note [Select again after recovery]
+        selected, _ = select(p, view)
+        dispatch(p, view, selected, [])
+    checkpoint(p)

@@ -115,7 +115,8 @@ def pass_step(rng: random.Random, clock: FakeClock) -> Step:
     lane_id = rng.choice(LANES)
     claims = rng.randint(1, 8)
 
-    def fn(state: Any, queue: Any, checkpoint: Any) -> None:
+    def fn(tx) -> None:
+        state, queue, checkpoint = tx.state, tx.queue, tx.checkpoint
         if kind == "caught up":
             state.processed = state.dirty
             queue.checkpoint_native(None)
@@ -180,7 +181,8 @@ def test_equivalence__the_named_cases(case: str, clock: FakeClock) -> None:
             gate.schedule(host, "a", clock.now() + 1 * S)
         elif case in ("parked lane", "floor"):
 
-            def park(state: Any, queue: Any, checkpoint: Any) -> None:
+            def park(tx) -> None:
+                queue = tx.queue
                 queue.dirty("a", clock.now())
                 for _ in range(8 if case == "parked lane" else 2):
                     row = queue.find("a")

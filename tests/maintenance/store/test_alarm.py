@@ -21,7 +21,8 @@ S = timedelta(seconds=1)
 
 
 def set_slot(host: Host, op: str, when: datetime | None = None) -> None:
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        checkpoint = tx.checkpoint
         getattr(checkpoint, op)(*(() if when is None else (when,)))
 
     run_alarm_transaction(host, f"test {op}", fn)
@@ -95,7 +96,8 @@ def test_keep_armed__a_read_only_first_use_arms_the_slot(host: Host, clock: Fake
 def test_keep_armed__a_future_lane_keeps_the_slot(host: Host, clock: FakeClock) -> None:
     caught_up(host)
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        queue, checkpoint = tx.queue, tx.checkpoint
         queue.dirty("outbox", clock.now() + 30 * S)
         checkpoint.cancel()
 
@@ -104,7 +106,8 @@ def test_keep_armed__a_future_lane_keeps_the_slot(host: Host, clock: FakeClock) 
 
 
 def test_checkpoint__last_call_wins(host: Host, clock: FakeClock) -> None:
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        checkpoint = tx.checkpoint
         checkpoint.at(clock.now() + 1 * S)
         checkpoint.cancel()
         checkpoint.at(clock.now() + 9 * S)
@@ -137,7 +140,8 @@ def test_run_alarm_transaction__facts_lanes_and_alarm_roll_back_together(
     before = MaintenanceState.objects.get(host=host)
     lanes_before = list(DueLane.objects.filter(host=host).values_list("lane", "revision", "due_at"))
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, queue, checkpoint = tx.state, tx.queue, tx.checkpoint
         state.dirty += 5
         queue.dirty("outbox", clock.now() + S)
         queue.dirty(NATIVE, clock.now(), progress=True)
@@ -163,7 +167,8 @@ def test_run_alarm_transaction__negative_generation_is_refused(
 ) -> None:
     set_slot(host, "at", clock.now() + 30 * S)
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, checkpoint = tx.state, tx.checkpoint
         state.processed = -1
         checkpoint.cancel()
 
@@ -177,7 +182,7 @@ def test_run_alarm_transaction__negative_generation_is_refused(
 def test_run_alarm_transaction__unknown_host_writes_nothing(db: None) -> None:
     for ref in ("no-such-host", 987654, Host(key="unsaved")):
         with pytest.raises(HostNotFound):
-            run_alarm_transaction(ref, "test", lambda s, q, c: c.at(s.updated_at))
+            run_alarm_transaction(ref, "test", lambda tx: tx.checkpoint.at(tx.state.updated_at))
     assert MaintenanceState.objects.count() == 0
     assert Schedule.objects.count() == 0
 
@@ -185,7 +190,7 @@ def test_run_alarm_transaction__unknown_host_writes_nothing(db: None) -> None:
 def test_run_alarm_transaction__creates_state_and_native_lane_on_first_use(
     host: Host, clock: FakeClock
 ) -> None:
-    run_alarm_transaction(host, "test", lambda s, q, c: None)
+    run_alarm_transaction(host, "test", lambda tx: None)
     state = MaintenanceState.objects.get(host=host)
     assert (state.dirty, state.processed) == (1, 0)
     native = DueLane.objects.get(host=host, lane=NATIVE)
@@ -203,7 +208,7 @@ def test_scheduled__unknown_host(db: None) -> None:
 
 def test_rearm__recomputes_from_the_lanes_and_audits(host: Host, clock: FakeClock) -> None:
     caught_up(host)
-    run_alarm_transaction(host, "t", lambda s, q, c: q.dirty("outbox", clock.now() + 10 * S))
+    run_alarm_transaction(host, "t", lambda tx: tx.queue.dirty("outbox", clock.now() + 10 * S))
     set_slot(host, "at", clock.now() + 3600 * S)  # wrong: later than the due lane
 
     new = alarm.rearm(host, actor="ops", reason="slot drifted")
@@ -225,7 +230,8 @@ def test_rearm__a_dirty_host_gets_the_minimum_delay(host: Host, clock: FakeClock
 
 
 def test_rearm__honours_a_matching_durable_backoff(host: Host, clock: FakeClock) -> None:
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, queue = tx.state, tx.queue
         state.retry_generation = state.dirty
         state.retry_not_before = clock.now() + 4 * S
         state.retry_native_only = True
@@ -246,7 +252,7 @@ def test_rearm__nothing_due_disarms(host: Host, clock: FakeClock) -> None:
 
 def test_rearm__explicit_time_at_or_before_the_computed_one(host: Host, clock: FakeClock) -> None:
     caught_up(host)
-    run_alarm_transaction(host, "t", lambda s, q, c: q.dirty("outbox", clock.now() + 10 * S))
+    run_alarm_transaction(host, "t", lambda tx: tx.queue.dirty("outbox", clock.now() + 10 * S))
     at = clock.now() + 2 * S
     assert alarm.rearm(host, at=at, actor="ops", reason="sooner") == at
     assert alarm.scheduled(host) == at
@@ -263,7 +269,7 @@ def test_rearm__explicit_time_into_a_disarmed_host(host: Host, clock: FakeClock)
 
 def test_rearm__refuses_to_postpone_due_work(host: Host, clock: FakeClock) -> None:
     caught_up(host)
-    run_alarm_transaction(host, "t", lambda s, q, c: q.dirty("outbox", clock.now() + 10 * S))
+    run_alarm_transaction(host, "t", lambda tx: tx.queue.dirty("outbox", clock.now() + 10 * S))
     set_slot(host, "at", clock.now() + 10 * S)
     with pytest.raises(RearmRefused, match="would postpone work due at"):
         alarm.rearm(host, at=clock.now() + 20 * S, reason="later")

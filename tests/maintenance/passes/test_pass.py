@@ -139,7 +139,8 @@ def test_pass__a_caught_up_pass_of_a_dirty_host_keeps_its_slot_armed(
     # backoff makes the pass caught up while the host is dirty.
     run_pass(host)  # the first pass stores the registry key
 
-    def backoff(state, queue, checkpoint):  # type: ignore[no-untyped-def]
+    def backoff(tx):  # type: ignore[no-untyped-def]
+        state, queue = tx.state, tx.queue
         state.dirty += 1
         state.retry_generation = state.dirty
         state.retry_not_before = clock.now() + 5 * S

@@ -19,8 +19,7 @@ from datetime import datetime
 from django.db import connections
 
 from durable_agent import clock, conf
-from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.types import Checkpoint
+from durable_agent.maintenance.store.transactions import AlarmTx
 from durable_agent.models import MaintenanceState
 
 logger = logging.getLogger("durable_agent.maintenance")
@@ -48,14 +47,7 @@ class Stale:
     reason: str
 
 
-def take(
-    state: MaintenanceState,
-    queue: DueQueue,
-    checkpoint: Checkpoint,
-    now: datetime,
-    *,
-    fired_for: datetime | None = None,
-) -> Lease | Busy | Stale:
+def take(tx: AlarmTx, now: datetime, *, fired_for: datetime | None = None) -> Lease | Busy | Stale:
     """Take the host's pass lease inside an alarm transaction, or say why not.
 
     Arms the slot no later than the lease's expiry. With ``fired_for`` (the deadline an alarm
@@ -63,9 +55,10 @@ def take(
     or nothing is due, the delivery changes nothing but making sure the slot holds the
     earliest lane deadline.
     """
-    host_id = state.host_id
+    state, checkpoint = tx.state, tx.checkpoint
+    host_id = tx.host_id
     if fired_for is not None:
-        earliest = queue.next()
+        earliest = tx.queue.next()
         if checkpoint.current is not None and checkpoint.current > now:
             return Stale(host_id, "the slot holds a later time")
         due = (
@@ -75,10 +68,7 @@ def take(
         )
         if not due:
             # This delivery consumed the slot: it now holds the earliest future deadline.
-            if earliest is None:
-                checkpoint.cancel()
-            else:
-                checkpoint.at(max(now + conf.minimum_alarm_delay(), earliest))
+            tx.arm_at_earliest(now)
             return Stale(host_id, "nothing is due")
     held = state.pass_lease_expires_at
     if state.pass_lease_owner and held is not None and held > now:

@@ -96,7 +96,8 @@ def test_transaction__record_progress_on_native_advances_the_generation(
 def test_transaction__record_progress_clears_the_durable_backoff(
     host: Host, clock: FakeClock
 ) -> None:
-    def backoff(state, queue, checkpoint):
+    def backoff(tx):
+        state = tx.state
         state.retry_generation = state.dirty
         state.retry_not_before = clock.now() + 5 * S
         state.retry_native_only = True
@@ -116,7 +117,8 @@ def test_transaction__record_progress_clears_the_durable_backoff(
 def test_transaction__host_lane_progress_replenishes_its_budget(
     host: Host, clock: FakeClock
 ) -> None:
-    def parked(state, queue, checkpoint):
+    def parked(tx):
+        queue = tx.queue
         row = queue.dirty("outbox", clock.now())
         for _ in range(8):
             row = queue.claim(queue.find("outbox"), queue.find("outbox").due_at)
@@ -201,7 +203,7 @@ def test_transaction__revision_changed_behind_the_view_fails_the_commit(
     host: Host, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The Python path's buffered view; the commit function reads and writes under one lock
-    # (tests/maintenance/test_commit_function.py covers its compare-and-set).
+    # (tests/maintenance/mutations/test_commit_function.py covers its compare-and-set).
     monkeypatch.setattr(commit_function, "enabled", False)
     caught_up(host)
     gate.schedule(host, "outbox", clock.now() + 60 * S)

@@ -848,7 +848,8 @@ def committed(host: Host, clock: FakeClock) -> Host:
     """A host whose state row, native lane, a host lane and its slot are committed."""
     now = clock.now()
 
-    def setup(state: MaintenanceState, queue: DueQueue, checkpoint) -> None:
+    def setup(tx) -> None:
+        queue, checkpoint = tx.queue, tx.checkpoint
         queue.progress(LANE, now + HOUR, 5)
         checkpoint.at(now + HOUR)
 
@@ -863,7 +864,8 @@ def test_run_alarm_transaction__writes_changed_lanes_on_commit(
     now = clock.now()
     seen: dict[str, Lane | None] = {}
 
-    def first(state, queue, checkpoint):
+    def first(tx):
+        queue = tx.queue
         queue.register("registered")
         queue.dirty(OTHER, now + 5 * SECOND)
         assert queue.progress(LANE, now, 41) is True
@@ -883,7 +885,8 @@ def test_run_alarm_transaction__writes_changed_lanes_on_commit(
     assert (outbox.revision, outbox.due_at, outbox.progress_key) == (1, now, "41")
 
     # A later transaction claims; the claim's image still completes in a third one.
-    def claim(state, queue, checkpoint):
+    def claim(tx):
+        queue = tx.queue
         row = queue.find(LANE)
         assert row is not None
         assert queue.claim(row, now) is not None
@@ -895,7 +898,8 @@ def test_run_alarm_transaction__writes_changed_lanes_on_commit(
     assert (claimed.revision, claimed.stalls, claimed.due_at) == (1, 1, now + SECOND)
     assert floor_of(claimed) == now + SECOND
 
-    def complete(state, queue, checkpoint):
+    def complete(tx):
+        queue = tx.queue
         return queue.complete(wave, None)
 
     assert run_alarm_transaction(host, "test", complete) is not None
@@ -915,7 +919,8 @@ def test_run_alarm_transaction__writes_changed_lanes_on_commit(
 def test_run_alarm_transaction__round_trips_every_lane_field(host: Host, clock: FakeClock) -> None:
     now = clock.now()
 
-    def park(state, queue, checkpoint):
+    def park(tx):
+        queue = tx.queue
         queue.progress(LANE, now, 10**511)  # a 512-digit key
         wave = queue.find(LANE)
         for step in range(8):
@@ -937,7 +942,8 @@ def test_run_alarm_transaction__round_trips_every_lane_field(host: Host, clock: 
         reported=True,
     )
 
-    def reload(state, queue, checkpoint):
+    def reload(tx):
+        queue = tx.queue
         return queue.find(LANE), queue.take_parked_reports()
 
     loaded, again = run_alarm_transaction(host, "test", reload)
@@ -951,7 +957,8 @@ def test_run_alarm_transaction__persists_a_256_character_lane_id(
 ) -> None:
     name = "x" * 256
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        queue = tx.queue
         queue.dirty(name, clock.now())
 
     run_alarm_transaction(host, "test", fn)
@@ -971,7 +978,8 @@ def test_run_alarm_transaction__writes_nothing_when_fn_raises(
     class Boom(Exception):
         pass
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, queue, checkpoint = tx.state, tx.queue, tx.checkpoint
         state.nonterminal = 7
         state.dirty += 1
         queue.dirty(LANE, now)
@@ -1046,7 +1054,8 @@ def test_run_alarm_transaction__revision_moved_behind_the_view_fails_the_whole_c
     )
     before = snapshot(host)
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, queue, checkpoint = tx.state, tx.queue, tx.checkpoint
         seen = queue.find(target)
         assert seen is not None
         state.nonterminal = 7  # a state field
@@ -1078,7 +1087,8 @@ def test_run_alarm_transaction__lane_inserted_behind_the_view_fails_the_whole_co
     now = clock.now()
     before = snapshot(host)
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, queue = tx.state, tx.queue
         assert queue.find("z-late") is None
         state.nonterminal = 7
         queue.dirty("a-other", now)
@@ -1100,7 +1110,8 @@ def test_run_alarm_transaction__untouched_lane_moved_behind_the_view_does_not_co
     now = clock.now()
     DueLaneFactory(host=host, lane="z-lane", revision=3, due_at=now + HOUR)
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        queue = tx.queue
         DueLane.objects.filter(host=host, lane="z-lane").update(revision=F("revision") + 1)
         queue.dirty(OTHER, now)
 
@@ -1121,7 +1132,8 @@ def test_run_alarm_transaction__a_no_op_change_writes_nothing_and_does_not_confl
     now = clock.now()
     DueLaneFactory(host=host, lane="z-lane", revision=3, due_at=now)
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        queue = tx.queue
         DueLane.objects.filter(host=host, lane="z-lane").update(revision=F("revision") + 1)
         queue.dirty("z-lane", now + HOUR)  # later than its deadline: set() is a no-op
         queue.register("z-lane")
@@ -1185,7 +1197,8 @@ def test_run_alarm_transaction__invalid_input_writes_nothing(
     now = clock.now()
     before = snapshot(host)
 
-    def fn(state, queue, checkpoint):
+    def fn(tx):
+        state, queue, checkpoint = tx.state, tx.queue, tx.checkpoint
         state.nonterminal = 7
         queue.dirty(OTHER, now)
         AlarmAuditFactory(host=host)
