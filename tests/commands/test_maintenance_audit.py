@@ -47,6 +47,8 @@ def test_audit__finds_a_planted_violation_and_repair_fixes_it(
     out, code = audit()
     assert code == 1
     assert "VIOLATION planted: owed work without an armed alarm" in out
+    with pytest.raises(CommandError, match=r"^Of 1 host, 1 violates the alarm invariant$"):
+        call_command("maintenance_audit", stdout=StringIO())
     out, code = audit("--repair", "--json")
     data = json.loads(out)
     assert code == 0

@@ -59,13 +59,8 @@ class Command(DurableCommand):
         else:
             self._print(summary, repaired)
         if not after.ok:
-            problems = []
-            if after.violating:
-                problems.append(f"{len(after.violating)} violate the alarm invariant")
-            if after.failing:
-                problems.append(f"{len(after.failing)} are failing")
             raise CommandError(
-                f"Of {after.hosts} hosts, {' and '.join(problems)}",
+                problems_line(after.hosts, len(after.violating), len(after.failing)),
                 returncode=1,
             )
         if options["fail_on_attention"] and after.degraded:
@@ -101,3 +96,15 @@ class Command(DurableCommand):
                 f"repaired {change['host']}: alarm {change['before'] or 'disarmed'} -> "
                 f"{change['after'] or 'disarmed'}"
             )
+
+
+def problems_line(hosts: int, violating: int, failing: int) -> str:
+    """``"Of 3 hosts, 1 violates the alarm invariant and 2 are failing"``, in singular where
+    a count is 1."""
+    problems = []
+    if violating:
+        verb = "violates" if violating == 1 else "violate"
+        problems.append(f"{violating} {verb} the alarm invariant")
+    if failing:
+        problems.append(f"{failing} {'is' if failing == 1 else 'are'} failing")
+    return f"Of {hosts} host{'' if hosts == 1 else 's'}, {' and '.join(problems)}"
