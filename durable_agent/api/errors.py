@@ -34,7 +34,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -381,11 +381,24 @@ def method_not_allowed(allowed: Iterable[str]) -> JsonResponse:
 class JsonPathView(PathView):
     """Ninja's view of one path, answering a method the path lacks in the contract.
 
-    See Note [Refused before any work].
+    See Note [Refused before any work]. Its Django view also carries Django's
+    ``transaction.non_atomic_requests`` marks of the path's endpoint functions (the aliases
+    every one of them is marked for): Django reads them on the view the URL resolves to, which
+    ninja builds per path and leaves unmarked, so ``ATOMIC_REQUESTS`` would otherwise wrap the
+    endpoint in a transaction whatever the function says.
     """
 
     def _not_allowed(self) -> HttpResponse:
         return method_not_allowed(method for op in self.operations for method in op.methods)
+
+    def get_view(self) -> Callable[..., Any]:
+        view = super().get_view()
+        marks: list[set[str]] = [
+            getattr(op.view_func, "_non_atomic_requests", set()) for op in self.operations
+        ]
+        for alias in set.intersection(*marks) if marks else ():
+            view = transaction.non_atomic_requests(using=alias)(view)
+        return view
 
     def clone(self) -> PathView:
         cloned = super().clone()  # ninja builds a plain PathView; keep this class

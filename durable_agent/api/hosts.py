@@ -224,6 +224,7 @@ def _bounded_health(summary: AuditSummary) -> HealthOut:
     """
     n = HEALTH_LISTED
     parked = list(summary.parked.items())
+    counts = summary.counts
     violating = []
     for audit in summary.violating[:n]:
         data = audit.as_dict()
@@ -234,12 +235,12 @@ def _bounded_health(summary: AuditSummary) -> HealthOut:
         ok=summary.ok,
         hosts=summary.hosts,
         counts=HealthCountsOut(
-            violating=len(summary.violating),
-            failing=len(summary.failing),
-            overdue=len(summary.overdue),
-            parked_hosts=len(parked),
-            parked_lanes=sum(len(lanes) for _host, lanes in parked),
-            stale_leases=len(summary.stale_leases),
+            violating=counts.violating,
+            failing=counts.failing,
+            overdue=counts.overdue,
+            parked_hosts=counts.parked_hosts,
+            parked_lanes=counts.parked_lanes,
+            stale_leases=counts.stale_leases,
         ),
         listed=n,
         violating=violating,
@@ -265,5 +266,5 @@ def _bounded_health(summary: AuditSummary) -> HealthOut:
 def health(request: HttpRequest) -> HealthOut:
     """Counts of hosts violating the invariant, failing hosts, overdue hosts, parked lanes, and
     the first hosts of each (200 even when not ok; Note [A bounded health answer])."""
-    summary = audit_all(registry_key=get_runtime().binding_registry_key())
+    summary = audit_all(registry_key=get_runtime().binding_registry_key(), listed=HEALTH_LISTED)
     return _bounded_health(summary)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Annotated
 
+from django.db import transaction
 from django.http import HttpRequest
 from ninja import Body, Header, Path, Query, Router, Status
 
@@ -188,11 +189,15 @@ def _summary(row: Submission) -> SubmissionSummaryOut:
     summary="One submission",
     operation_id="get_submission",
 )
+@transaction.non_atomic_requests  # the long poll holds no transaction (JsonPathView honours it)
 def get_submission(
     request: HttpRequest, submission_id: Path[RowId], query: Query[SubmissionWaitQuery]
 ) -> SubmissionOut:
     """A submission's state, outcome, result and timeline; with ``wait``, a long poll that
-    answers once it settles or after ``wait`` seconds (at most 30), whichever comes first."""
+    answers once it settles or after ``wait`` seconds (at most 30), whichever comes first.
+
+    Under ``ATOMIC_REQUESTS`` too: the endpoint is exempt from the request's transaction on the
+    default database, the one ``durable_agent.wait`` reads."""
     require_submission_reader(request)
     if query.wait:
         with contextlib.suppress(WaitTimeout):  # then answer with the current state

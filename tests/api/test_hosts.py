@@ -5,6 +5,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from ninja.testing import TestClient
 from pytest_django import DjangoAssertNumQueries
 
@@ -348,6 +350,24 @@ def test_health__is_bounded_however_many_hosts_are_unhealthy(
     # the size no longer grows with the unhealthy hosts (only the counts' digits change)
     assert abs(len(large.content) - len(small.content)) < 50
     assert len(large.content) < 100_000
+
+
+def test_health__its_queries_do_not_grow_with_the_unhealthy_hosts(
+    client: TestClient, clock: FakeClock, read_auth: dict[str, str]
+) -> None:
+    """Counted in SQL, read in full only for the hosts it lists (Note [Counting the unhealthy
+    hosts]): the same queries at 60 unhealthy hosts as at 1 260."""
+    add_unhealthy_hosts(0, HEALTH_LISTED + 10, clock.now())
+    client.get("/health", headers=read_auth)  # the token's first use is recorded once
+    with CaptureQueriesContext(connection) as few:
+        small = client.get("/health", headers=read_auth)
+    add_unhealthy_hosts(HEALTH_LISTED + 10, 1200, clock.now())
+    with CaptureQueriesContext(connection) as many:
+        large = client.get("/health", headers=read_auth)
+
+    assert large.json()["counts"]["failing"] == HEALTH_LISTED + 1210
+    assert small.json()["failing"] == large.json()["failing"]
+    assert len(many) == len(few)
 
 
 def test_health__work_waiting_for_a_person_is_degraded_not_down(

@@ -6,8 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.test import Client
+from django.urls import resolve
 from ninja.testing import TestClient
 
+from durable_agent.agents import waiting
 from durable_agent.maintenance import alarm
 from durable_agent.models import AlarmAudit, Host, Submission, SubmissionOutcome, SubmissionState
 from durable_agent.testing import FakeClock
@@ -405,6 +409,36 @@ def test_get_submission__wait_answers_with_the_current_state_after_the_wait(
     assert response.status_code == 200
     assert response.json()["state"] == "ready"
     assert time.monotonic() - started >= 0.3
+
+
+@pytest.mark.django_db(transaction=True)  # no test transaction: the request's would show
+def test_get_submission__wait_holds_no_transaction_under_atomic_requests(
+    host: Host, echo: Any, repair_auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through Django's handler (project/urls.py), where ATOMIC_REQUESTS applies: the long
+    poll is exempt, so it waits (no 500 ``transaction_misuse``) with no transaction open; the
+    other endpoints keep the request's transaction."""
+    monkeypatch.setitem(connections.settings[DEFAULT_DB_ALIAS], "ATOMIC_REQUESTS", True)
+    submission = make(host)
+    in_transaction: list[bool] = []
+    real_read = waiting._read
+
+    def read(submission_id: int) -> Submission:
+        in_transaction.append(transaction.get_connection().in_atomic_block)
+        return real_read(submission_id)
+
+    monkeypatch.setattr(waiting, "_read", read)
+    web = Client()
+
+    response = web.get(
+        f"/api/durable-agent/submissions/{submission.pk}?wait=0.2", headers=repair_auth
+    )
+
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "ready"
+    assert in_transaction
+    assert not any(in_transaction)  # every read of the wait, in autocommit
+    assert not hasattr(resolve("/api/durable-agent/health").func, "_non_atomic_requests")
 
 
 @pytest.mark.parametrize("wait", ["-1", "31", "nan", "forever"])

@@ -74,10 +74,21 @@ def first_agent_settings() -> str:
     return settings
 
 
+RETRYING_IMPORT = re.compile(r"\(imported from billing/agents\.py: `([^`]+)`\)")
+
+
 def first_agent_files() -> dict[str, str]:
-    """The files of the ``billing`` app the guide writes (``# billing/<name>.py`` blocks)."""
+    """The files of the ``billing`` app the guide writes (``# billing/<name>.py`` blocks):
+    section 3's ``agents.py``, and section 14's ``retrying.py`` with the import its first
+    line says to add to ``agents.py``, added there as written."""
     guide = ROOT / "docs" / "first-agent.md"
-    return {name: block(guide, starts=f"# billing/{name}") for name in ("agents.py",)}
+    names = ("agents.py", "retrying.py")
+    files = {name: block(guide, starts=f"# billing/{name}") for name in names}
+    match = RETRYING_IMPORT.search(files["retrying.py"].splitlines()[0])
+    if match is None:
+        raise LookupError(f"{guide.name}: billing/retrying.py does not say how it is imported")
+    files["agents.py"] += match.group(1) + "\n"
+    return files
 
 
 def first_agent_submit() -> str:
@@ -86,3 +97,14 @@ def first_agent_submit() -> str:
     host = block(guide, starts="from durable_agent.models import Host\n")
     submit = block(guide, starts="import durable_agent\n", contains="durable_agent.submit(")
     return host + "\n" + submit
+
+
+def first_agent_delayed_wait() -> tuple[str, str]:
+    """Section 14's delayed submission and ``wait``: the block, and the output its last
+    comment line shows (``# settled ...``)."""
+    guide = ROOT / "docs" / "first-agent.md"
+    body = block(guide, starts="# delayed submission and wait")
+    expected = body.rstrip().splitlines()[-1]
+    if not expected.startswith("# settled "):
+        raise LookupError(f"{guide.name}: the delayed submission block shows no output line")
+    return body, expected.removeprefix("# ")

@@ -12,7 +12,11 @@ blocks to a new project (with a ``billing`` app of the guide's agent), runs the 
 JSON 404 under the API's mount, and the health-check view. Both then start a real
 ``qcluster``, create the guide's host, submit its work and wait for the submission to
 settle: it must settle in under 2 s, and the cluster's log must hold no "database is locked"
-and no traceback. SQLite always; PostgreSQL when DATABASE_URL names one (``make test`` does).
+and no traceback but the retried attempt's below. Both projects also hold section 14's
+``billing/retrying.py`` (imported from ``agents.py`` as its first line says) and run section
+14's delayed submission and ``wait`` block in ``manage.py shell -c`` while the cluster runs:
+it must print the output its last comment shows (the agent retried once, the work settled).
+SQLite always; PostgreSQL when DATABASE_URL names one (``make test`` does).
 """
 
 from __future__ import annotations
@@ -271,6 +275,17 @@ def run_project(venv: Path, project: Path) -> tuple[dict[str, object], str]:
         )
         assert done.returncode == 0, done.stderr
         outcome = json.loads(done.stdout.strip().splitlines()[-1])
+        delayed, _ = docs_snippets.first_agent_delayed_wait()
+        shell = subprocess.run(
+            [python, "manage.py", "shell", "-c", delayed],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert shell.returncode == 0, (shell.stderr, log_path.read_text())
+        outcome["delayed"] = shell.stdout.strip().splitlines()[-1]
     finally:
         cluster.send_signal(signal.SIGTERM)
         try:
@@ -288,8 +303,26 @@ def _assert_settled_promptly(outcome: dict[str, object], log: str) -> None:
     assert (outcome["state"], outcome["outcome"]) == ("settled", "completed"), (outcome, log)
     assert outcome["result"] == {"greeting": "Hello, Ada!"}
     assert float(outcome["seconds"]) < SETTLE_LIMIT_S, (outcome, log)  # type: ignore[arg-type]
+    _, expected = docs_snippets.first_agent_delayed_wait()
+    assert outcome["delayed"] == expected, (outcome, log)  # section 14's retried, delayed work
     assert "database is locked" not in log, log
-    assert "Traceback" not in log, log
+    assert _unexpected_tracebacks(log) == [], log
+
+
+# The one traceback the log may hold: section 14's agent failing its first attempt, retried.
+EXPECTED_FAILURE = "billing.retrying.RateLimited: try again later"
+
+
+def _unexpected_tracebacks(log: str) -> list[str]:
+    """The errors of the log's tracebacks, but for the retried attempt's one."""
+    errors, lines = [], log.splitlines()
+    for at, line in enumerate(lines):
+        if line.startswith("Traceback"):
+            ending = (rest for rest in lines[at + 1 :] if not rest.startswith(" "))
+            error = next(ending, "<the log ends inside a traceback>")
+            if error != EXPECTED_FAILURE:
+                errors.append(error)
+    return errors
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
@@ -312,7 +345,14 @@ def test_docs__the_snippets_are_found() -> None:
     """Each snippet the project is built from exists exactly once (a renamed one fails here)."""
     assert "recommended_q_cluster(" in docs_snippets.readme_settings()
     assert "recommended_q_cluster(" in docs_snippets.first_agent_settings()
-    assert "@durable_agent.agent(" in docs_snippets.first_agent_files()["agents.py"]
+    files = docs_snippets.first_agent_files()
+    assert "@durable_agent.agent(" in files["agents.py"]
+    assert files["agents.py"].endswith("from billing import retrying\n")
+    assert "retry=RetryPolicy(" in files["retrying.py"]
+    delayed, expected = docs_snippets.first_agent_delayed_wait()
+    assert "durable_agent.wait(receipt" in delayed
+    assert "not_before=" in delayed
+    assert expected.startswith("settled completed ")
     assert "receipt = durable_agent.submit(" in docs_snippets.first_agent_submit()
     assert "NinjaAPI(" in docs_snippets.readme_urls()
     assert '"ninja"' in docs_snippets.readme_settings()

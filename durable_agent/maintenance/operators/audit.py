@@ -8,15 +8,19 @@ not firing), failing hosts (the last ``FAILING_AFTER_PASSES`` passes failed), pa
 expired mutation tickets, stale pass leases, and binding retries recorded under a binding
 registry the runtime no longer has. The states are those of the shared read model
 (:mod:`durable_agent.maintenance.store.selectors`).
+
+Size: one audit, judged by one function (:func:`_judge`) for a host, for every host and for
+the counted health audit; split, the three ways of reading would drift apart.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, NamedTuple
 
-from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
+from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, Subquery, Value
 
 from durable_agent import clock, conf
 from durable_agent.maintenance.operators.attention import Attention, attention
@@ -35,7 +39,15 @@ from durable_agent.models import (
     PassRecord,
 )
 
-__all__ = ["OVERDUE_AFTER", "AuditSummary", "HostAudit", "audit_all", "audit_host", "repair_host"]
+__all__ = [
+    "OVERDUE_AFTER",
+    "AuditCounts",
+    "AuditSummary",
+    "HostAudit",
+    "audit_all",
+    "audit_host",
+    "repair_host",
+]
 
 #: Hosts that may be unhealthy read per page by :func:`audit_all` (three queries per page).
 PAGE_SIZE = 500
@@ -78,7 +90,30 @@ class HostAudit:
 
 
 @dataclass(frozen=True)
+class AuditCounts:
+    """How long each list of an :class:`AuditSummary` is (hosts; ``parked_lanes``: lanes)."""
+
+    LISTS: ClassVar[tuple[str, ...]] = (
+        "violating",
+        "failing",
+        "overdue",
+        "parked_hosts",
+        "stale_leases",
+    )
+
+    violating: int = 0
+    failing: int = 0
+    overdue: int = 0
+    parked_hosts: int = 0
+    parked_lanes: int = 0
+    stale_leases: int = 0
+
+
+@dataclass(frozen=True)
 class AuditSummary:
+    """The audit of every host. With ``listed`` (``audit_all(listed=n)``) each list holds its
+    first ``n`` hosts by id and ``totals`` their full lengths; ``counts`` holds them either way."""
+
     hosts: int
     violating: tuple[HostAudit, ...] = ()
     overdue: tuple[str, ...] = ()
@@ -87,6 +122,22 @@ class AuditSummary:
     stale_leases: tuple[str, ...] = ()
     failing: tuple[HostAudit, ...] = ()
     attention: Attention = field(default_factory=Attention)
+    listed: int | None = None
+    totals: AuditCounts | None = None
+
+    @property
+    def counts(self) -> AuditCounts:
+        """The full length of each list (the lists may be cut to ``listed``)."""
+        if self.totals is not None:
+            return self.totals
+        return AuditCounts(
+            violating=len(self.violating),
+            failing=len(self.failing),
+            overdue=len(self.overdue),
+            parked_hosts=len(self.parked),
+            parked_lanes=sum(len(lanes) for lanes in self.parked.values()),
+            stale_leases=len(self.stale_leases),
+        )
 
     @property
     def ok(self) -> bool:
@@ -134,27 +185,7 @@ def audit_host(
         state = MaintenanceState.objects.filter(host_id=host.pk).first()
     if lanes is None:
         lanes = list(DueLane.objects.filter(host_id=host.pk))
-    slot = slot_deadline(host.alarm)
-    dirty, processed = (state.dirty, state.processed) if state else (1, 0)
     deadlines = [lane.due_at for lane in lanes if lane.due_at is not None]
-    earliest = min(deadlines) if deadlines else None
-    violations: list[str] = []
-    owes = state is not None and (dirty > processed or earliest is not None)
-    lease_live = (
-        state is not None
-        and state.pass_lease_expires_at is not None
-        and state.pass_lease_expires_at > now
-    )
-    if owes:
-        required = max(earliest or now, now) + conf.minimum_alarm_delay()
-        if lease_live and state is not None and state.pass_lease_expires_at is not None:
-            required = max(required, state.pass_lease_expires_at)
-        if slot is None:
-            violations.append("owed work without an armed alarm")
-        elif slot > required:
-            violations.append(
-                f"alarm at {slot.isoformat()} is later than the work due by {required.isoformat()}"
-            )
     if stale_bindings is None:
         stale_bindings = 0
         if registry_key is not None:
@@ -163,10 +194,6 @@ def audit_host(
                 .exclude(registry_key=registry_key)
                 .count()
             )
-    if stale_bindings:
-        violations.append(
-            f"{stale_bindings} binding retries wait for a registry that has since changed"
-        )
     if expired is None:
         expired = MutationTicket.objects.filter(host_id=host.pk, expires_at__lte=now).count()
     if failed_passes is None or last_error is None:
@@ -175,22 +202,87 @@ def audit_host(
             error=selectors.last_pass_error(),
         )
         failed_passes, last_error = streak.values_list("n", "error").get()
-    threshold = selectors.failing_after()
+    return _judge(
+        host.key,
+        now=now,
+        slot=slot_deadline(host.alarm),
+        state=_State(
+            state.dirty, state.processed, state.pass_lease_expires_at, state.pass_lease_owner
+        )
+        if state
+        else None,
+        earliest=min(deadlines) if deadlines else None,
+        parked_lanes=tuple(sorted(lane.lane for lane in lanes if lane.state == "parked")),
+        stale_bindings=stale_bindings,
+        expired=expired,
+        failed_passes=failed_passes,
+        last_error=last_error,
+    )
+
+
+class _State(NamedTuple):
+    """The figures of a host's state row the audit judges."""
+
+    dirty: int
+    processed: int
+    lease_expires_at: datetime | None
+    lease_owner: str | None
+
+
+def _judge(
+    key: str,
+    *,
+    now: datetime,
+    slot: datetime | None,
+    state: _State | None,
+    earliest: datetime | None,
+    parked_lanes: tuple[str, ...],
+    stale_bindings: int,
+    expired: int,
+    failed_passes: int,
+    last_error: str | None,
+    delay: timedelta | None = None,
+    threshold: int | None = None,
+) -> HostAudit:
+    """The audit of one host from its figures (no query): :func:`audit_host`'s verdict.
+    ``delay`` and ``threshold`` are the settings (read when not given)."""
+    dirty, processed = (state.dirty, state.processed) if state else (1, 0)
+    violations: list[str] = []
+    owes = state is not None and (dirty > processed or earliest is not None)
+    lease_live = (
+        state is not None and state.lease_expires_at is not None and state.lease_expires_at > now
+    )
+    if owes:
+        required = max(earliest or now, now) + (delay or conf.minimum_alarm_delay())
+        if lease_live and state is not None and state.lease_expires_at is not None:
+            required = max(required, state.lease_expires_at)
+        if slot is None:
+            violations.append("owed work without an armed alarm")
+        elif slot > required:
+            violations.append(
+                f"alarm at {slot.isoformat()} is later than the work due by {required.isoformat()}"
+            )
+    if stale_bindings:
+        violations.append(
+            f"{stale_bindings} binding retries wait for a registry that has since changed"
+        )
+    if threshold is None:
+        threshold = selectors.failing_after()
     return HostAudit(
-        host=host.key,
+        host=key,
         dirty=dirty,
         processed=processed,
         slot=slot,
         earliest_due=earliest,
         violations=tuple(violations),
         overdue=selectors.is_overdue(slot, now),
-        parked_lanes=tuple(sorted(lane.lane for lane in lanes if lane.state == "parked")),
+        parked_lanes=parked_lanes,
         expired_tickets=expired,
         stale_lease=bool(
             state
-            and state.pass_lease_owner
-            and state.pass_lease_expires_at is not None
-            and state.pass_lease_expires_at <= now
+            and state.lease_owner
+            and state.lease_expires_at is not None
+            and state.lease_expires_at <= now
         ),
         stale_binding_retries=stale_bindings,
         failing=failed_passes >= threshold,
@@ -235,9 +327,9 @@ def _may_be_unhealthy(now: datetime, registry_key: str | None) -> Q:
     return maybe
 
 
-def _candidates(now: datetime, registry_key: str | None) -> list[int]:
-    """The ids, ascending, of every host :func:`_may_be_unhealthy` can keep, and maybe a few
-    more (Note [The audit reads its candidates first])."""
+def _candidate_ids(now: datetime, registry_key: str | None) -> QuerySet[Any]:
+    """The ``UNION`` of the ids of every host :func:`_may_be_unhealthy` can keep, and maybe a
+    few more (Note [The audit reads its candidates first])."""
     delay = conf.minimum_alarm_delay()
     deadlines = DueLane.objects.filter(due_at__isnull=False)
     disarmed = Q(host__alarm__isnull=True) | Q(host__alarm__repeats=0)
@@ -262,14 +354,24 @@ def _candidates(now: datetime, registry_key: str | None) -> list[int]:
     if registry_key is not None:
         arms.append(BindingRetry.objects.exclude(registry_key=registry_key).values_list("host_id"))
     first, *rest = [arm.order_by() for arm in arms]
-    return sorted({row[0] for row in first.union(*rest)})
+    return first.union(*rest)
 
 
-def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -> AuditSummary:
+def _candidates(now: datetime, registry_key: str | None) -> list[int]:
+    """The ids, ascending, of every host :func:`_may_be_unhealthy` can keep, and maybe a few
+    more (Note [The audit reads its candidates first])."""
+    return sorted({row[0] for row in _candidate_ids(now, registry_key)})
+
+
+def audit_all(
+    *, now: datetime | None = None, registry_key: str | None = None, listed: int | None = None
+) -> AuditSummary:
     """Audit every host: one count, one query for the hosts that may be unhealthy, then three
     queries per page of :data:`PAGE_SIZE` of them (hosts with their per-host counts, their
     state rows, their lanes), whatever the number of hosts. Healthy hosts are counted, not
-    read.
+    read. With ``listed``, each list holds only its first ``listed`` hosts by id (``counts``
+    the full lengths), in a number of queries that does not grow with the hosts while
+    ``5 * listed`` stays under :data:`PAGE_SIZE` (Note [Counting the unhealthy hosts]).
 
     Note [The audit reads its candidates first]
         Every condition of :func:`_may_be_unhealthy` needs a row that an index finds without
@@ -280,8 +382,39 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
         hosts' ids are read first, in one ``UNION``; the filter and the per-host figures are
         then computed for those hosts alone, :data:`PAGE_SIZE` ids at a time. Evaluated on
         every host instead, the filter read a million hosts one by one (about 20 s).
+
+    Note [Counting the unhealthy hosts]
+        ``GET health`` shows the first hosts of each list and the lists' lengths. Reading
+        every unhealthy host in full for that (a model instance, its lanes, its last error of
+        up to thousands of characters, subqueries per host) took about 3 s at 20 000
+        unhealthy hosts. With ``listed`` the audit reads the candidates' figures in a few
+        grouped queries (the ``UNION`` above as a subquery, so no id list travels; the
+        failure streak as an anti-join), applies :func:`_may_be_unhealthy` to them in Python
+        and judges each with the same :func:`_judge` as :func:`audit_host`; then only the
+        hosts shown, at most ``5 * listed``, are audited in full (docs/benchmarks.md, "The
+        health audit and the number of hosts").
     """
     now = now or clock.now()
+    hosts = Host.objects.count()
+    if listed is not None:
+        return _audit_listed(hosts, now, registry_key, listed)
+    results = [
+        audit for _pk, audit in _audit_pages(_candidates(now, registry_key), now, registry_key)
+    ]
+    return AuditSummary(
+        hosts=hosts,
+        violating=tuple(r for r in results if not r.ok),
+        overdue=tuple(r.host for r in results if r.overdue),
+        parked={r.host: r.parked_lanes for r in results if r.parked_lanes},
+        expired_tickets=sum(r.expired_tickets for r in results),
+        stale_leases=tuple(r.host for r in results if r.stale_lease),
+        failing=tuple(r for r in results if r.failing),
+        attention=attention(failing_hosts=sum(1 for r in results if r.failing)),
+    )
+
+
+def _unhealthy(now: datetime, registry_key: str | None) -> QuerySet[Host]:
+    """The hosts :func:`_may_be_unhealthy` keeps, with the per-host counts the audit needs."""
     stale = (
         selectors.count_per_host(BindingRetry.objects.exclude(registry_key=registry_key))
         if registry_key is not None
@@ -289,9 +422,8 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
     )
     deadlines = DueLane.objects.filter(host=OuterRef("pk"), due_at__isnull=False)
     not_busy = PassRecord.objects.filter(host=OuterRef("pk")).exclude(phase=PassPhase.BUSY)
-    annotated = (
-        Host.objects.select_related("alarm")
-        .annotate(
+    return (
+        Host.objects.annotate(
             earliest_due_at=Subquery(deadlines.order_by("due_at").values("due_at")[:1]),
             last_phase=Subquery(not_busy.order_by("-started_at", "-id").values("phase")[:1]),
         )
@@ -300,12 +432,21 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
             n_stale=stale,
             n_expired=selectors.count_per_host(MutationTicket.objects.filter(expires_at__lte=now)),
             n_failed=selectors.failure_streak(),
-            error=selectors.last_pass_error(),
         )
     )
-    hosts = Host.objects.count()
-    candidates = _candidates(now, registry_key)
-    results: list[HostAudit] = []
+
+
+def _audit_pages(
+    candidates: list[int], now: datetime, registry_key: str | None
+) -> list[tuple[int, HostAudit]]:
+    """The audits of the ``candidates`` :func:`_may_be_unhealthy` keeps, by id: three queries
+    per :data:`PAGE_SIZE` of them."""
+    annotated = (
+        _unhealthy(now, registry_key)
+        .select_related("alarm")
+        .annotate(error=selectors.last_pass_error())
+    )
+    results: list[tuple[int, HostAudit]] = []
     for start in range(0, len(candidates), PAGE_SIZE):
         page = list(annotated.filter(pk__in=candidates[start : start + PAGE_SIZE]).order_by("pk"))
         if not page:
@@ -316,28 +457,171 @@ def audit_all(*, now: datetime | None = None, registry_key: str | None = None) -
         for lane in DueLane.objects.filter(host_id__in=ids).order_by():
             lanes.setdefault(lane.host_id, []).append(lane)
         results += [
-            audit_host(
-                h,
-                now=now,
-                state=states.get(h.pk),
-                lanes=lanes.get(h.pk, []),
-                registry_key=registry_key,
-                stale_bindings=h.n_stale,  # type: ignore[attr-defined]
-                expired=h.n_expired,  # type: ignore[attr-defined]
-                failed_passes=h.n_failed,  # type: ignore[attr-defined]
-                last_error=h.error or "",  # type: ignore[attr-defined]
+            (
+                h.pk,
+                audit_host(
+                    h,
+                    now=now,
+                    state=states.get(h.pk),
+                    lanes=lanes.get(h.pk, []),
+                    registry_key=registry_key,
+                    stale_bindings=h.n_stale,  # type: ignore[attr-defined]
+                    expired=h.n_expired,  # type: ignore[attr-defined]
+                    failed_passes=h.n_failed,  # type: ignore[attr-defined]
+                    last_error=h.error or "",
+                ),
             )
             for h in page
         ]
+    return results
+
+
+def _figures(now: datetime, registry_key: str | None) -> list[tuple[Any, ...]]:
+    """One row of figures per candidate host, by id: ``(pk, key, alarm_id, repeats, next_run,
+    state, dirty, processed, lease_at, owner, earliest, last_phase, n_stale, n_expired,
+    n_failed, n_parked)`` (``last_phase``: ``failed`` or None), the figures :func:`_unhealthy`
+    annotates, read as a few
+    grouped queries over the candidates' rows instead of subqueries per host (Note [Counting
+    the unhealthy hosts])."""
+    candidates = _candidate_ids(now, registry_key)
+    earliest = dict(
+        DueLane.objects.filter(host_id__in=candidates, due_at__isnull=False)
+        .values("host_id")
+        .annotate(earliest=Min("due_at"))
+        .values_list("host_id", "earliest")
+        .order_by()
+    )
+
+    def per_host(rows: QuerySet[Any]) -> dict[int, int]:
+        """Rows per host; every host with such a row is a candidate (it is one of the arms)."""
+        counted = rows.values("host_id").annotate(n=Count("pk"))
+        return dict(counted.values_list("host_id", "n").order_by())
+
+    parked = per_host(DueLane.objects.parked())
+    stale = (
+        per_host(BindingRetry.objects.exclude(registry_key=registry_key))
+        if registry_key is not None
+        else {}
+    )
+    expired = per_host(MutationTicket.objects.filter(expires_at__lte=now))
+    # selectors.failure_streak: the failed passes that no successful pass started at or after
+    # (an anti-join, where "after the latest success" is a subquery per failed pass)
+    later_ok = PassRecord.objects.filter(
+        host=OuterRef("host_id"),
+        phase__in=selectors.SUCCEEDED,
+        started_at__gte=OuterRef("started_at"),
+    )
+    streaks = per_host(PassRecord.objects.filter(phase=PassPhase.FAILED).exclude(Exists(later_ok)))
+    # the hosts whose latest pass that is not busy failed (_may_be_unhealthy's last_phase)
+    not_busy = PassRecord.objects.filter(host=OuterRef("pk")).exclude(phase=PassPhase.BUSY)
+    failed_last = set(
+        Host.objects.filter(  # all candidates: a failed pass is one of the candidates' arms
+            pk__in=PassRecord.objects.filter(phase=PassPhase.FAILED).values("host_id")
+        )
+        .annotate(last_phase=Subquery(not_busy.order_by("-started_at", "-id").values("phase")[:1]))
+        .filter(last_phase=PassPhase.FAILED)
+        .values_list("pk", flat=True)
+    )
+    rows = []
+    for row in (
+        Host.objects.filter(pk__in=candidates)
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "key",
+            "alarm_id",
+            "alarm__repeats",
+            "alarm__next_run",
+            "maintenance__pk",
+            "maintenance__dirty",
+            "maintenance__processed",
+            "maintenance__pass_lease_expires_at",
+            "maintenance__pass_lease_owner",
+        )
+    ):
+        host = row[0]
+        rows.append(
+            (
+                *row,
+                earliest.get(host),
+                PassPhase.FAILED if host in failed_last else None,
+                stale.get(host, 0),
+                expired.get(host, 0),
+                streaks.get(host, 0),
+                parked.get(host, 0),
+            )
+        )
+    return rows
+
+
+def _audit_listed(hosts: int, now: datetime, registry_key: str | None, listed: int) -> AuditSummary:
+    """:func:`audit_all` with ``listed``: judge every candidate from its figures (no model
+    instance, no lane, no error text), count in :class:`AuditCounts`, and audit in full only
+    the first ``listed`` hosts of each list (Note [Counting the unhealthy hosts])."""
+    rows = _figures(now, registry_key)
+    delay, threshold = conf.minimum_alarm_delay(), selectors.failing_after()
+    lists: dict[str, list[int]] = {name: [] for name in AuditCounts.LISTS}
+    parked_lanes = expired = 0
+    for (pk, key, alarm, repeats, next_run, state, dirty, processed, lease_at, owner,
+         earliest, last_phase, n_stale, n_expired, n_failed, n_parked) in rows:  # fmt: skip
+        # _may_be_unhealthy, on the figures read (one subquery each instead of one per use)
+        armed = alarm is not None and repeats != 0
+        owes = state is not None and (dirty > processed or earliest is not None)
+        late = not armed or (
+            next_run is not None
+            and next_run > now + delay
+            and (earliest is None or next_run > earliest + delay)
+        )
+        if not (
+            (owes and late)
+            or (armed and next_run is not None and next_run < now - OVERDUE_AFTER)
+            or n_parked
+            or n_expired
+            or (owner and lease_at is not None and lease_at <= now)
+            or last_phase == PassPhase.FAILED
+            or (registry_key is not None and n_stale)
+        ):
+            continue
+        audit = _judge(
+            key,
+            now=now,
+            slot=next_run if armed else None,
+            state=None if state is None else _State(dirty, processed, lease_at, owner),
+            earliest=earliest,
+            parked_lanes=(),
+            stale_bindings=n_stale,
+            expired=n_expired,
+            failed_passes=n_failed,
+            last_error="",
+            delay=delay,
+            threshold=threshold,
+        )
+        flags = (not audit.ok, audit.failing, audit.overdue, n_parked > 0, audit.stale_lease)
+        for name, flag in zip(AuditCounts.LISTS, flags, strict=True):
+            if flag:
+                lists[name].append(pk)
+        parked_lanes += n_parked
+        expired += n_expired
+    shown = sorted({pk for ids in lists.values() for pk in ids[:listed]})
+    audits = [audit for _pk, audit in _audit_pages(shown, now, registry_key)]
+
+    def first(flag: Callable[[HostAudit], bool]) -> list[HostAudit]:
+        return [audit for audit in audits if flag(audit)][:listed]
+
+    counts = AuditCounts(
+        **{name: len(ids) for name, ids in lists.items()}, parked_lanes=parked_lanes
+    )
     return AuditSummary(
         hosts=hosts,
-        violating=tuple(r for r in results if not r.ok),
-        overdue=tuple(r.host for r in results if r.overdue),
-        parked={r.host: r.parked_lanes for r in results if r.parked_lanes},
-        expired_tickets=sum(r.expired_tickets for r in results),
-        stale_leases=tuple(r.host for r in results if r.stale_lease),
-        failing=tuple(r for r in results if r.failing),
-        attention=attention(failing_hosts=sum(1 for r in results if r.failing)),
+        violating=tuple(first(lambda r: not r.ok)),
+        overdue=tuple(r.host for r in first(lambda r: r.overdue)),
+        parked={r.host: r.parked_lanes for r in first(lambda r: bool(r.parked_lanes))},
+        expired_tickets=expired,
+        stale_leases=tuple(r.host for r in first(lambda r: r.stale_lease)),
+        failing=tuple(first(lambda r: r.failing)),
+        attention=attention(failing_hosts=counts.failing),
+        listed=listed,
+        totals=counts,
     )
 
 
