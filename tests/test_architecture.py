@@ -51,7 +51,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durable_agent.maintenance.backoff",
             "durable_agent.maintenance.failpoints",
             "durable_agent.maintenance.registry",
-            "durable_agent.maintenance.work_cursors",
         ),
     ),
     ("maintenance store", ("durable_agent.maintenance.store",)),

@@ -1,8 +1,8 @@
 """The maintenance core: alarm slot, due queue, mutation gate and the pass (docs/architecture.md).
 
 Its sub-packages, lowest first (each imports only the ones below it, and the shared base
-modules here: ``types``, ``lane_ids``, ``backoff``, ``failpoints``, ``registry``,
-``work_cursors``): ``store`` (the slot, the due queue, alarm transactions, the read model),
+modules here: ``types``, ``lane_ids``, ``backoff``, ``failpoints``, ``registry``):
+``store`` (the slot, the due queue, alarm transactions, the read model),
 ``mutations`` (the gate), ``lanes`` (what a pass runs), ``passes`` (the pass and its phases),
 ``operators`` (audit, repairs, retention).
 
