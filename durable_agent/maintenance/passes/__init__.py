@@ -1,4 +1,9 @@
-"""The maintenance pass and its phases (docs/pass.md).
+"""The maintenance pass: the pass object, its phases, and what it runs (docs/pass.md).
+
+``state.py`` (``Pass``, the pass object), ``native.py`` (``run_native``, the native step by
+phase), ``lane_registry.py`` (the lane handlers and the phase table), ``waves.py`` (one lane
+wave: charge, run, complete), ``pool.py`` (the pass's thread pool and bounded runtime calls),
+``recovery.py`` (native recovery, its events lane and work cursors).
 
 ``run.py`` (``run_pass``: the begin transaction, the general path around the native step,
 failure handling), ``ensure.py`` (``ensure_alarm``, the binding registry check and framework

@@ -14,7 +14,7 @@ from durable_agent import clock, conf
 from durable_agent.errors import AlarmError
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.lanes.native.state import Pass
+from durable_agent.maintenance.passes.state import Pass
 from durable_agent.maintenance.store import lease
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,

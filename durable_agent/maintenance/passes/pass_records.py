@@ -15,8 +15,8 @@ from typing import Any
 
 from durable_agent import clock, conf, observability
 from durable_agent.maintenance import failpoints
-from durable_agent.maintenance.lanes.native.state import Pass
 from durable_agent.maintenance.passes.ensure import report_parked
+from durable_agent.maintenance.passes.state import Pass
 from durable_agent.models import Host, PassRecord
 from durable_agent.text import error_text
 

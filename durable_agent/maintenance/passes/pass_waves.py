@@ -3,7 +3,7 @@
 The concurrent waves admitted when the pass starts (``admit_waves``), the publication barrier
 before the native step (``publication_barrier``), one more round for the lanes the native step
 made due (``refill_waves``, Note [Deliver what the pass produced]) and the after-native waves
-(``after_native``). How one wave runs is ``durable_agent/maintenance/lanes/waves.py``.
+(``after_native``). How one wave runs is ``durable_agent/maintenance/passes/waves.py``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any
 
 from durable_agent import clock, observability
 from durable_agent.maintenance.lane_ids import PUBLICATION
-from durable_agent.maintenance.lanes import lane_registry
-from durable_agent.maintenance.lanes.native.state import Pass
-from durable_agent.maintenance.lanes.waves import (
+from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.passes import lane_registry
+from durable_agent.maintenance.passes.state import Pass
+from durable_agent.maintenance.passes.waves import (
     admissible,
     join,
     run_wave,
     validate_lanes,
 )
-from durable_agent.maintenance.mutations import gate
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     no_sooner_than_minimum,

@@ -23,10 +23,6 @@ from durable_agent import clock, conf, observability
 from durable_agent.errors import HostNotFound, PassError, PassFailed, is_stop
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
-from durable_agent.maintenance.lanes.native.state import Pass
-from durable_agent.maintenance.lanes.native.step import run_native
-from durable_agent.maintenance.lanes.pool import Executor
-from durable_agent.maintenance.lanes.waves import join, validate_lanes
 from durable_agent.maintenance.passes.ensure import (
     read_current_state,
     register_framework_lanes,
@@ -37,6 +33,7 @@ from durable_agent.maintenance.passes.finish import (
     finish,
     rearm_failure,
 )
+from durable_agent.maintenance.passes.native import run_native
 from durable_agent.maintenance.passes.pass_records import (
     MAX_PASS_ERROR_LENGTH,
     PassReport,
@@ -50,7 +47,10 @@ from durable_agent.maintenance.passes.pass_waves import (
     publication_barrier,
     refill_waves,
 )
+from durable_agent.maintenance.passes.pool import Executor
 from durable_agent.maintenance.passes.short_paths import one_wave, quick
+from durable_agent.maintenance.passes.state import Pass
+from durable_agent.maintenance.passes.waves import join, validate_lanes
 from durable_agent.maintenance.store import lease
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,

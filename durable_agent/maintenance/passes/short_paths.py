@@ -14,10 +14,12 @@ from durable_agent import clock, observability
 from durable_agent.errors import LaneNotRegistered
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lane_ids import PUBLICATION
-from durable_agent.maintenance.lanes import lane_registry
-from durable_agent.maintenance.lanes.lane_registry import LaneSpec
-from durable_agent.maintenance.lanes.native.state import Pass
-from durable_agent.maintenance.lanes.waves import (
+from durable_agent.maintenance.passes import lane_registry
+from durable_agent.maintenance.passes.finish import check_deadline, settle_alarm
+from durable_agent.maintenance.passes.lane_registry import LaneSpec
+from durable_agent.maintenance.passes.pass_records import report_of, write_record
+from durable_agent.maintenance.passes.state import Pass
+from durable_agent.maintenance.passes.waves import (
     OverrunFlag,
     admissible,
     charge_in,
@@ -26,8 +28,6 @@ from durable_agent.maintenance.lanes.waves import (
     run_claimed,
     validate_lanes,
 )
-from durable_agent.maintenance.passes.finish import check_deadline, settle_alarm
-from durable_agent.maintenance.passes.pass_records import report_of, write_record
 from durable_agent.maintenance.store import lease
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.maintenance.types import Lane, LaneContext

@@ -21,8 +21,8 @@ from durable_agent import clock, observability
 from durable_agent.errors import AlarmError, LaneNotRegistered
 from durable_agent.maintenance import backoff
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
-from durable_agent.maintenance.lanes.lane_registry import LaneSpec, handler, step_of
-from durable_agent.maintenance.lanes.native.state import Pass
+from durable_agent.maintenance.passes.lane_registry import LaneSpec, handler, step_of
+from durable_agent.maintenance.passes.state import Pass
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.maintenance.types import Lane, LaneContext

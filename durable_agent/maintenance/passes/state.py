@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from durable_agent import conf
-from durable_agent.maintenance.lanes.lane_registry import LaneSpec
-from durable_agent.maintenance.lanes.pool import Executor
-from durable_agent.maintenance.lanes.recovery import NativeRecovery
+from durable_agent.maintenance.passes.lane_registry import LaneSpec
+from durable_agent.maintenance.passes.pool import Executor
+from durable_agent.maintenance.passes.recovery import NativeRecovery
 from durable_agent.maintenance.store.lease import Busy, Lease, Stale
 from durable_agent.maintenance.types import Lane
 from durable_agent.models import Host

@@ -24,7 +24,7 @@ from durable_agent.maintenance.lane_ids import (
     RECOVERY_EVENTS,
     validate_host_lane_id,
 )
-from durable_agent.maintenance.lanes.recovery import deliver_recovery_events
+from durable_agent.maintenance.passes.recovery import deliver_recovery_events
 from durable_agent.maintenance.types import LaneContext
 
 Phase = Literal["concurrent", "after-native"]

@@ -24,8 +24,8 @@ from durable_agent import clock
 from durable_agent.errors import InvalidInput, error_message, type_name
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
-from durable_agent.maintenance.lanes.pool import RecoveryTimeout, bounded_call
 from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.passes.pool import RecoveryTimeout, bounded_call
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.maintenance.types import EPOCH, LaneContext
 from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault, WorkCursor
