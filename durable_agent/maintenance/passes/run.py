@@ -1,6 +1,6 @@
 """The maintenance pass: one bounded, idempotent run of one host, started by its alarm.
 
-``run_pass(host)`` builds the pass (``Pass``, ``lanes/native/state.py``) and ``begin`` takes
+``run_pass(host)`` builds the pass (``Pass``, ``state.py``) and ``begin`` takes
 the host's pass lease (a concurrent pass returns ``busy`` at once) and reads what the pass
 needs under the host's locks (the O(1) caught-up path makes a constant number of queries);
 ``run_waves_and_native`` runs the concurrent lane waves beside the native step, then the
@@ -9,9 +9,9 @@ bounded, durable recovery (``rearm_failure``) and is then re-raised, so the alar
 armed while work remains.
 
 The phases live beside it: ``ensure.py`` (the registry check, lane registration and parked
-notices it shares with ``ensure_alarm``), ``short_paths.py`` (a caught-up pass with nothing or
-one wave to run), ``pass_waves.py`` (the waves around the native step), ``finish.py`` (the
-finish decision and ``rearm_failure``) and ``pass_records.py`` (``PassReport`` and its row).
+notices it shares with ``ensure_alarm``), ``native.py`` (the native step), ``waves.py`` (every
+lane wave: a caught-up pass's nothing or one wave, the waves around the native step) and
+``finish.py`` (the finish decision, ``rearm_failure``, ``PassReport`` and its row).
 """
 
 from __future__ import annotations
@@ -29,28 +29,28 @@ from durable_agent.maintenance.passes.ensure import (
     report_parked,
 )
 from durable_agent.maintenance.passes.finish import (
+    MAX_PASS_ERROR_LENGTH,
+    PassReport,
     check_deadline,
     finish,
     rearm_failure,
-)
-from durable_agent.maintenance.passes.native import run_native
-from durable_agent.maintenance.passes.pass_records import (
-    MAX_PASS_ERROR_LENGTH,
-    PassReport,
     record,
     recorded,
     report_of,
 )
-from durable_agent.maintenance.passes.pass_waves import (
+from durable_agent.maintenance.passes.native import run_native
+from durable_agent.maintenance.passes.pool import Executor
+from durable_agent.maintenance.passes.state import Pass
+from durable_agent.maintenance.passes.waves import (
     admit_waves,
     after_native,
+    join,
+    one_wave,
     publication_barrier,
+    quick,
     refill_waves,
+    validate_lanes,
 )
-from durable_agent.maintenance.passes.pool import Executor
-from durable_agent.maintenance.passes.short_paths import one_wave, quick
-from durable_agent.maintenance.passes.state import Pass
-from durable_agent.maintenance.passes.waves import join, validate_lanes
 from durable_agent.maintenance.store import lease
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,

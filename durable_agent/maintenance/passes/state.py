@@ -5,8 +5,8 @@ the window (its times, one name each), what the begin transaction read under the
 locks, what the pass charged and saw of the lanes (``rearm_failure`` must not charge a lane
 twice, and a wave acknowledges only the revision it saw), the native step's recovery and what
 its attempts settled, and the executor its waves and attempts run on. The phases are functions
-of it: ``begin`` (``passes/run.py``), the native step (``lanes/native/step.py``), the waves
-(``passes/pass_waves.py``, ``passes/short_paths.py``) and the finish (``passes/finish.py``).
+of it: ``begin`` (``passes/run.py``), the native step (``passes/native.py``), the waves
+(``passes/waves.py``) and the finish (``passes/finish.py``).
 """
 
 from __future__ import annotations
