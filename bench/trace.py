@@ -71,7 +71,7 @@ SPANS: list[tuple[str, str]] = [
 ]
 # Context managers: the time to enter and the time to leave are two spans.
 CONTEXTS: list[tuple[str, str]] = [
-    ("durable_agent.maintenance.store.lease", "heartbeat"),
+    ("durable_agent.maintenance.passes.state", "heartbeat"),
 ]
 # Methods: (module, class, method).
 METHODS: list[tuple[str, str, str]] = [

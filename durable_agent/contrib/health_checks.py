@@ -23,7 +23,7 @@ import dataclasses
 from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable, ServiceWarning
 
-from durable_agent.maintenance.operators.audit import attention
+from durable_agent.maintenance.operators.attention import attention
 from durable_agent.maintenance.store.selectors import fleet_snapshot
 
 

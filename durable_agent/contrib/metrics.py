@@ -47,7 +47,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from durable_agent import signals
-from durable_agent.maintenance.operators.audit import attention
+from durable_agent.maintenance.operators.attention import attention
 from durable_agent.maintenance.store.selectors import fleet_snapshot
 
 __all__ = ["FLEET_REGISTRY", "FleetCollector", "metrics_view", "observe_pass"]

@@ -303,7 +303,7 @@ def test_audit_all__a_constant_number_of_queries_per_page(
     assert len(summary.parked) == len(made[2::3])
     # One count, one read of the hosts that may be unhealthy, then three per page of them
     # (Note [The audit reads its candidates first]), then two for the work that waits for a
-    # person (durable_agent/maintenance/operators/audit.py).
+    # person (durable_agent/maintenance/operators/attention.py).
     read = len(made[0::3]) + len(made[2::3])
     expected = 4 + 3 * -(-read // PAGE_SIZE)
     assert len(queries) == expected, "\n".join(q["sql"] for q in queries.captured_queries)

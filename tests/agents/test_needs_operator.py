@@ -18,7 +18,8 @@ import durable_agent
 from durable_agent import signals
 from durable_agent.contrib.health_checks import Fleet
 from durable_agent.maintenance import run_pass
-from durable_agent.maintenance.operators.audit import attention, audit_all
+from durable_agent.maintenance.operators.attention import attention
+from durable_agent.maintenance.operators.audit import audit_all
 from durable_agent.models import Host, Submission, SubmissionState
 from durable_agent.testing import FakeClock
 

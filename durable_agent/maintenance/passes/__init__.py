@@ -1,7 +1,7 @@
 """The maintenance pass: the pass object, its phases, and what it runs (docs/pass.md).
 
 In the order a pass meets them: ``run.py`` (``run_pass``, ``begin`` and the general path
-around the native step, failure handling), ``state.py`` (``Pass``, the pass object),
+around the native step, failure handling), ``state.py`` (``Pass``, the pass object, and its lease),
 ``ensure.py`` (``ensure_alarm``, the binding registry check and framework lanes it shares with
 ``begin``, ``report_parked``), ``native.py`` (``run_native``, the native step by phase),
 ``waves.py`` (one wave's life: charge, run, complete; the waves around the native step, the

@@ -24,8 +24,7 @@ from durable_agent.errors import AlarmError
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.passes.ensure import report_parked
-from durable_agent.maintenance.passes.state import Pass
-from durable_agent.maintenance.store import lease
+from durable_agent.maintenance.passes.state import Lease, Pass, release_in
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     no_sooner_than_minimum,
@@ -46,7 +45,7 @@ def check_deadline(event_deadline: datetime) -> None:
         raise AlarmError("maintenance pass deadline", _deadline_message())
 
 
-def finish(p: Pass, taken: lease.Lease) -> None:
+def finish(p: Pass, taken: Lease) -> None:
     """The final alarm decision: rearm at the earliest lane, or clear (docs/pass.md, step 4),
     into ``p.alarm``. Also gives the lease back, and says whether a lane waits for its parked
     notice (``p.parked``).
@@ -54,7 +53,7 @@ def finish(p: Pass, taken: lease.Lease) -> None:
     failpoints.hit("maintenance:finish:before")
 
     def fn(tx: AlarmTx) -> tuple[str, bool]:
-        lease.release_in(tx.state, taken)
+        release_in(tx.state, taken)
         now = clock.now()
         return settle_alarm(tx, p.generation, p.next_at, tx.live_ticket_count(now), now)
 

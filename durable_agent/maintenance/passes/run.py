@@ -40,7 +40,15 @@ from durable_agent.maintenance.passes.finish import (
 )
 from durable_agent.maintenance.passes.native import run_native
 from durable_agent.maintenance.passes.pool import Executor
-from durable_agent.maintenance.passes.state import Pass
+from durable_agent.maintenance.passes.state import (
+    Busy,
+    Lease,
+    Pass,
+    Stale,
+    heartbeat,
+    release,
+    take,
+)
 from durable_agent.maintenance.passes.waves import (
     admit_waves,
     after_native,
@@ -51,7 +59,6 @@ from durable_agent.maintenance.passes.waves import (
     refill_waves,
     validate_lanes,
 )
-from durable_agent.maintenance.store import lease
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     resolve_host_id,
@@ -100,23 +107,23 @@ def _run_pass(host: Host | str | int, *, slot_time: datetime | None, guard: bool
     p = Pass(ref, get_runtime(), clock.now(), slot_time=slot_time, guard=guard)
     begin(p)
     taken = p.lease
-    if isinstance(taken, lease.Stale):
+    if isinstance(taken, Stale):
         logger.debug(
             "Stale alarm delivery: %s",
             taken.reason,
             extra=log_extra(p.host, phase="stale", action="pass"),
         )
         return PassReport(host=p.host.key, phase="stale", lateness_ms=p.lateness_ms)
-    if isinstance(taken, lease.Busy):
+    if isinstance(taken, Busy):
         report = PassReport(host=p.host.key, phase=PassPhase.BUSY.value, lateness_ms=p.lateness_ms)
         record(p.host, p.started_at, report, deadline=slot_time)
         return report
-    assert isinstance(taken, lease.Lease)
+    assert isinstance(taken, Lease)
     if p.finished:  # Note [Nothing or one wave to run]
         return recorded(p.host, p.started_at, report_of(p, PassPhase.CAUGHT_UP.value), p.parked)
     released = False
     try:
-        with lease.heartbeat(taken):
+        with heartbeat(taken):
             try:
                 failpoints.hit("maintenance:begin:after")
                 if p.wave is not None:
@@ -145,7 +152,7 @@ def _run_pass(host: Host | str | int, *, slot_time: datetime | None, guard: bool
                 raise
     finally:
         if not released:
-            lease.release(taken)
+            release(taken)
             report_parked(p.host.pk)
     if p.parked:
         report_parked(p.host.pk)
@@ -225,8 +232,8 @@ def begin(p: Pass) -> None:
     def fn(tx: AlarmTx) -> None:
         state, queue = tx.state, tx.queue
         p.host = state.host
-        p.lease = taken = lease.take(tx, now, fired_for=fired_for)
-        if not isinstance(taken, lease.Lease):
+        p.lease = taken = take(tx, now, fired_for=fired_for)
+        if not isinstance(taken, Lease):
             return
         active, p.producing = tx.producing_lanes(now)
         read_current_state(tx, p.runtime)

@@ -45,8 +45,7 @@ from durable_agent.maintenance.passes.finish import (
     write_record,
 )
 from durable_agent.maintenance.passes.lane_registry import LaneSpec, handler, step_of
-from durable_agent.maintenance.passes.state import Pass
-from durable_agent.maintenance.store import lease
+from durable_agent.maintenance.passes.state import Lease, Pass, release_in
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
@@ -404,8 +403,8 @@ def quick(tx: AlarmTx, p: Pass, active: int, now: datetime) -> None:
     if plan is None:
         return
     if not isinstance(plan, tuple):  # NOTHING
-        assert isinstance(p.lease, lease.Lease)
-        lease.release_in(tx.state, p.lease)
+        assert isinstance(p.lease, Lease)
+        release_in(tx.state, p.lease)
         p.alarm, p.parked = settle_alarm(tx, p.generation, None, active, now)
         p.finished = True
         report = report_of(p, PassPhase.CAUGHT_UP.value)
@@ -417,7 +416,7 @@ def quick(tx: AlarmTx, p: Pass, active: int, now: datetime) -> None:
         p.wave = (spec, claimed, now)
 
 
-def one_wave(p: Pass, taken: lease.Lease) -> None:
+def one_wave(p: Pass, taken: Lease) -> None:
     """Run the wave begin claimed, then complete it and finish the pass in one transaction
     (Note [Nothing or one wave to run])."""
     assert p.wave is not None
@@ -445,7 +444,7 @@ def one_wave(p: Pass, taken: lease.Lease) -> None:
         now = clock.now()
         active, producing = tx.producing_lanes(now)
         complete_in(tx.queue, claimed, outcome, None, producing, jitter)
-        lease.release_in(tx.state, taken)
+        release_in(tx.state, taken)
         p.alarm, p.parked = settle_alarm(tx, p.generation, None, active, now)
         report = report_of(p, PassPhase.CAUGHT_UP.value)
         write_record(tx.host, p.started_at, report, deadline=p.slot_time)
