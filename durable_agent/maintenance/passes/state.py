@@ -8,11 +8,12 @@ its attempts settled, and the executor its waves and attempts run on. The phases
 of it: ``begin`` (``passes/run.py``), the native step (``passes/native.py``), the waves
 (``passes/waves.py``) and the finish (``passes/finish.py``).
 
-The pass lease the pass holds (``take``, ``Lease``, ``Busy``, ``Stale``): one pass per host at
-a time, across processes (docs/pass.md). Taking the lease arms the slot no later than the lease's expiry, in the same short transaction:
-a worker that dies mid-pass is retried within the lease TTL, and no path leaves a dirty host
-with a disarmed slot. A busy delivery likewise leaves the slot armed no later than the running
-pass's expiry. A heartbeat thread renews a long pass's lease.
+The pass lease the pass holds (``take``, ``Lease``, ``Busy``, ``Stale``): one pass per host at a
+time, across processes (docs/pass.md). Taking the lease arms the slot no later than the lease's
+expiry, in the same short transaction: a worker that dies mid-pass is retried within the lease
+TTL, and no path leaves a dirty host with a disarmed slot. A busy delivery likewise leaves the
+slot armed no later than the running pass's expiry. A heartbeat thread renews a long pass's
+lease.
 """
 
 from __future__ import annotations
