@@ -54,7 +54,7 @@ def counts() -> dict[str, int]:
 
 def append_event(host_id: int) -> None:
     from durable_agent import clock
-    from durable_agent.maintenance.lanes.recovery import append_recovery_events
+    from durable_agent.maintenance.passes.recovery import append_recovery_events
     from durable_agent.maintenance.store.transactions import run_alarm_transaction
     from durable_agent.models import RecoveryEvent
 

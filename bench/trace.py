@@ -41,22 +41,22 @@ SPANS: list[tuple[str, str]] = [
     ("durable_agent.tasks", "hold_until"),
     ("durable_agent.maintenance.passes.run", "begin"),
     ("durable_agent.maintenance.passes.run", "run_waves_and_native"),
-    ("durable_agent.maintenance.lanes.native.step", "run_native"),
+    ("durable_agent.maintenance.passes.native", "run_native"),
     ("durable_agent.maintenance.passes.finish", "finish"),
-    ("durable_agent.maintenance.passes.pass_records", "record"),
-    ("durable_agent.maintenance.passes.pass_records", "recorded"),
+    ("durable_agent.maintenance.passes.finish", "record"),
+    ("durable_agent.maintenance.passes.finish", "recorded"),
     ("durable_agent.maintenance.passes.ensure", "report_parked"),
-    ("durable_agent.maintenance.passes.pass_waves", "admit_waves"),
-    ("durable_agent.maintenance.passes.pass_waves", "publication_barrier"),
-    ("durable_agent.maintenance.passes.pass_waves", "after_native"),
-    ("durable_agent.maintenance.passes.pass_waves", "refill_waves"),
-    ("durable_agent.maintenance.lanes.native.observe", "observe"),
-    ("durable_agent.maintenance.lanes.native.selection", "select"),
-    ("durable_agent.maintenance.lanes.native.attempts", "dispatch"),
-    ("durable_agent.maintenance.lanes.native.attempts", "attempt"),
-    ("durable_agent.maintenance.lanes.native.checkpoint", "checkpoint"),
-    ("durable_agent.maintenance.lanes.recovery", "recover_thread"),
-    ("durable_agent.maintenance.lanes.pool", "bounded_call"),
+    ("durable_agent.maintenance.passes.waves", "admit_waves"),
+    ("durable_agent.maintenance.passes.waves", "publication_barrier"),
+    ("durable_agent.maintenance.passes.waves", "after_native"),
+    ("durable_agent.maintenance.passes.waves", "refill_waves"),
+    ("durable_agent.maintenance.passes.native", "observe"),
+    ("durable_agent.maintenance.passes.native", "select"),
+    ("durable_agent.maintenance.passes.native", "dispatch"),
+    ("durable_agent.maintenance.passes.native", "attempt"),
+    ("durable_agent.maintenance.passes.native", "checkpoint"),
+    ("durable_agent.maintenance.passes.recovery", "recover_thread"),
+    ("durable_agent.maintenance.passes.pool", "bounded_call"),
     ("durable_agent.agents.attempts", "process_thread_head"),
     ("durable_agent.agents.attempts", "head_of"),
     ("durable_agent.agents.attempts", "_call_agent"),
@@ -71,7 +71,7 @@ SPANS: list[tuple[str, str]] = [
 ]
 # Context managers: the time to enter and the time to leave are two spans.
 CONTEXTS: list[tuple[str, str]] = [
-    ("durable_agent.maintenance.store.lease", "heartbeat"),
+    ("durable_agent.maintenance.passes.state", "heartbeat"),
 ]
 # Methods: (module, class, method).
 METHODS: list[tuple[str, str, str]] = [
@@ -191,7 +191,7 @@ def _wrap_backend() -> None:
 
 def _wrap_pool() -> None:
     """Each piece of work a pass queues on its thread pool: queued -> started on a pool thread."""
-    from durable_agent.maintenance.lanes import pool
+    from durable_agent.maintenance.passes import pool
 
     original_submit = pool.Executor.submit
 

@@ -1,6 +1,6 @@
 """Register handlers for host lanes: ``lanes.register(id, run, phase=..., allowance_ms=...)``."""
 
-from durable_agent.maintenance.lanes.lane_registry import (
+from durable_agent.maintenance.passes.lane_registry import (
     LaneSpec,
     install_framework,
     register,

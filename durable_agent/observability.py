@@ -22,7 +22,7 @@ from durable_agent import clock, signals
 from durable_agent.errors import describe_error, type_name
 
 if TYPE_CHECKING:
-    from durable_agent.maintenance.passes.pass_records import PassReport
+    from durable_agent.maintenance.passes.finish import PassReport
     from durable_agent.models import Host
 
 logger = logging.getLogger("durable_agent.maintenance")

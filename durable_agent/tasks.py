@@ -12,7 +12,7 @@ from django.db.models import F, Q
 from durable_agent import clock, conf
 from durable_agent.errors import HostNotFound, PassError
 from durable_agent.maintenance import passes, retention
-from durable_agent.maintenance.passes.pass_records import MAX_PASS_ERROR_LENGTH
+from durable_agent.maintenance.passes.finish import MAX_PASS_ERROR_LENGTH
 from durable_agent.models import BindingRetry, DueLane, MaintenanceState
 from durable_agent.runtime import get_runtime
 from durable_agent.text import error_text

@@ -22,7 +22,7 @@ _deselected_postgres: list[str] = []
 def pytest_configure(config: pytest.Config) -> None:
     """Tests close every connection after use (``CONN_MAX_AGE=0``), whatever the project sets:
     a connection kept by a pass's pool thread would block dropping the test database.
-    tests/maintenance/lanes/test_pool.py turns persistence back on where it tests it."""
+    tests/maintenance/passes/test_pool.py turns persistence back on where it tests it."""
     from django.conf import settings
 
     for database in settings.DATABASES.values():

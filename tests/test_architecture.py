@@ -10,6 +10,9 @@
   one, never a higher one.
 * A module over ``MAX_MODULE_LINES`` lines, or a class over ``MAX_CLASS_LINES``, says why in its
   docstring, on a line starting ``Size:``.
+* ``maintenance/`` holds at most ``MAX_MAINTENANCE_MODULES`` modules (every ``.py`` file, the
+  package ``__init__.py`` files included) on at most ``MAX_MAINTENANCE_FLOORS`` floors (its
+  shared base, the modules at its top, and each sub-package, a nested one counted on its own).
 
 An import of ``a.b.c`` is an edge to the module ``a.b.c`` only: the package ``__init__`` files
 that Python also runs re-export their package's public names and sit on top of their package.
@@ -26,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "durable_agent"
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 150
+MAX_MAINTENANCE_MODULES = 30
+MAX_MAINTENANCE_FLOORS = 5
 REASON = re.compile(r"#\s*deferred:\s*\S")
 SIZE = re.compile(r"^\s*Size:\s*\S", re.MULTILINE)
 
@@ -51,14 +56,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durable_agent.maintenance.backoff",
             "durable_agent.maintenance.failpoints",
             "durable_agent.maintenance.registry",
-            "durable_agent.maintenance.work_cursors",
         ),
     ),
     ("maintenance store", ("durable_agent.maintenance.store",)),
     ("observability", ("durable_agent.observability",)),
     ("maintenance mutations", ("durable_agent.maintenance.mutations",)),
-    ("maintenance lanes", ("durable_agent.maintenance.lanes", "durable_agent.lanes")),
-    ("maintenance passes", ("durable_agent.maintenance.passes",)),
+    ("maintenance passes", ("durable_agent.maintenance.passes", "durable_agent.lanes")),
     ("maintenance operators", ("durable_agent.maintenance.operators",)),
     ("maintenance", ("durable_agent.maintenance",)),
     ("agents", ("durable_agent.agents",)),
@@ -346,3 +349,37 @@ def test_architecture__the_maintenance_tests_mirror_its_sub_packages() -> None:
         where = path.parent.relative_to(tests).parts
         if not where:  # a shared base module of maintenance/ (test_backoff.py: backoff.py)
             assert (source / f"{path.stem.removeprefix('test_')}.py").exists(), path.name
+
+
+def _maintenance_floors() -> list[str]:
+    # The shared base (the modules at the top of maintenance/, its __init__ aside) and every
+    # sub-package, at any depth: a folder inside a floor is a floor of its own.
+    source = PACKAGE / "maintenance"
+    base = [p for p in source.glob("*.py") if p.name != "__init__.py"]
+    packages = sorted(
+        p.parent.relative_to(source).as_posix()
+        for p in source.rglob("__init__.py")
+        if p.parent != source
+    )
+    return (["base"] if base else []) + packages
+
+
+def test_architecture__maintenance_has_at_most_30_modules() -> None:
+    # Counted as files: every .py file under maintenance/, each package __init__.py included.
+    modules = sorted(
+        p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "maintenance").rglob("*.py")
+    )
+    assert len(modules) <= MAX_MAINTENANCE_MODULES, (
+        f"{len(modules)} modules in maintenance/ (at most {MAX_MAINTENANCE_MODULES}):\n"
+        + "\n".join(modules)
+    )
+
+
+def test_architecture__maintenance_has_at_most_5_floors() -> None:
+    floors = _maintenance_floors()
+    assert len(floors) <= MAX_MAINTENANCE_FLOORS, (
+        f"{len(floors)} floors in maintenance/ (at most {MAX_MAINTENANCE_FLOORS}): {floors}"
+    )
+    # Each floor is a layer of LAYERS, so the import rules above hold between the floors.
+    names = {name for name, _ in LAYERS}
+    assert all(f"maintenance {floor}" in names for floor in floors), floors

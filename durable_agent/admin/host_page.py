@@ -11,8 +11,8 @@ from durable_agent.admin import formatting as fmt
 from durable_agent.maintenance import selectors
 from durable_agent.maintenance.lane_ids import FRAMEWORK_LANES
 from durable_agent.maintenance.operators.audit import HostAudit, audit_host
+from durable_agent.maintenance.store.rows import slot_deadline
 from durable_agent.maintenance.store.selectors import OVERDUE_AFTER, overdue_by
-from durable_agent.maintenance.store.slot import slot_deadline
 from durable_agent.maintenance.types import EPOCH
 from durable_agent.models import (
     AlarmAudit,

@@ -20,7 +20,7 @@ from durable_agent.admin.confirm import Confirmation, confirm
 from durable_agent.admin.forms import RearmAtForm, ReasonForm
 from durable_agent.admin.paging import EstimatedCountPaginator
 from durable_agent.maintenance import alarm, repairs, selectors
-from durable_agent.maintenance.store.slot import slot_deadline
+from durable_agent.maintenance.store.rows import slot_deadline
 from durable_agent.models import Host
 
 

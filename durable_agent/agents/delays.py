@@ -3,7 +3,7 @@
 A delayed submission is admitted at once (its idempotency key and its place on the thread are
 taken at submit time) and its agent starts no sooner than ``not_before``. The submissions
 behind it on its thread wait with it: a thread stays FIFO (Note [Delayed heads] in
-``durable_agent/maintenance/lanes/native/checkpoint.py``). Submit independent delayed work on
+``durable_agent/maintenance/passes/native.py``). Submit independent delayed work on
 its own thread.
 """
 

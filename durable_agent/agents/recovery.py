@@ -35,7 +35,7 @@ from durable_agent.agents import registry, transitions
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.lanes.recovery import blocked_failure
+from durable_agent.maintenance.passes.recovery import blocked_failure
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState, Thread
 from durable_agent.observability import log_extra
 from durable_agent.runtime import DiscoveryPage, RecoveryReport, RecoverySweep, WorkReport

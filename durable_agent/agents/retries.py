@@ -5,7 +5,7 @@ than ``max_attempts`` attempts, the attempt's settlement writes the submission b
 ``ready`` with ``not_before`` at the next try and the attempt's error in ``error``, in the same
 commit that would have settled it ``failed``. The next try waits in the due queue like any
 delayed submission (Note [Delayed heads] in
-``durable_agent/maintenance/lanes/native/checkpoint.py``): durable across restarts, with no
+``durable_agent/maintenance/passes/native.py``): durable across restarts, with no
 worker sleeping. The delay before try ``n + 1`` is ``min(cap, backoff * 2 ** (n - 1))``
 seconds, jittered uniformly into its upper half through the injectable RNG
 (``durable_agent.clock.random``).

@@ -23,7 +23,7 @@ from durable_agent.agents.context import ApprovalRequested
 from durable_agent.agents.runtime import ReferenceRuntime
 from durable_agent.errors import PassError
 from durable_agent.maintenance import alarm, gate, run_pass
-from durable_agent.maintenance.lanes.recovery import failure_of
+from durable_agent.maintenance.passes.recovery import failure_of
 from durable_agent.models import Host, PassRecord, RecoveryFault, Submission
 from durable_agent.runtime import Blocked, RecoverySweep, Settlement
 from durable_agent.testing import FakeClock, ScriptedRuntime

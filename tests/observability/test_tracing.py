@@ -119,7 +119,7 @@ def test_spans__waves_on_the_thread_pool_stay_children_of_the_pass(
 ) -> None:
     import threading
 
-    from durable_agent.maintenance.lanes.pool import close_thread_pool
+    from durable_agent.maintenance.passes.pool import close_thread_pool
     from tests.factories import HostFactory
 
     host = HostFactory(key="pooled")

@@ -27,8 +27,8 @@ from durable_agent.maintenance.operators.attention import Attention, attention
 from durable_agent.maintenance.passes.ensure import ensure_alarm
 from durable_agent.maintenance.store import selectors
 from durable_agent.maintenance.store.alarm import rearm
+from durable_agent.maintenance.store.rows import slot_deadline
 from durable_agent.maintenance.store.selectors import OVERDUE_AFTER
-from durable_agent.maintenance.store.slot import slot_deadline
 from durable_agent.models import (
     BindingRetry,
     DueLane,

@@ -19,7 +19,7 @@ from durable_agent.maintenance.lane_ids import (
     RECOVERY_EVENTS,
     public_lane_name,
 )
-from durable_agent.maintenance.lanes import lane_registry
+from durable_agent.maintenance.passes import lane_registry
 from durable_agent.maintenance.store.alarm import computed_deadline
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,

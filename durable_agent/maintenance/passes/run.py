@@ -1,6 +1,6 @@
 """The maintenance pass: one bounded, idempotent run of one host, started by its alarm.
 
-``run_pass(host)`` builds the pass (``Pass``, ``lanes/native/state.py``) and ``begin`` takes
+``run_pass(host)`` builds the pass (``Pass``, ``state.py``) and ``begin`` takes
 the host's pass lease (a concurrent pass returns ``busy`` at once) and reads what the pass
 needs under the host's locks (the O(1) caught-up path makes a constant number of queries);
 ``run_waves_and_native`` runs the concurrent lane waves beside the native step, then the
@@ -9,9 +9,9 @@ bounded, durable recovery (``rearm_failure``) and is then re-raised, so the alar
 armed while work remains.
 
 The phases live beside it: ``ensure.py`` (the registry check, lane registration and parked
-notices it shares with ``ensure_alarm``), ``short_paths.py`` (a caught-up pass with nothing or
-one wave to run), ``pass_waves.py`` (the waves around the native step), ``finish.py`` (the
-finish decision and ``rearm_failure``) and ``pass_records.py`` (``PassReport`` and its row).
+notices it shares with ``ensure_alarm``), ``native.py`` (the native step), ``waves.py`` (every
+lane wave: a caught-up pass's nothing or one wave, the waves around the native step) and
+``finish.py`` (the finish decision, ``rearm_failure``, ``PassReport`` and its row).
 """
 
 from __future__ import annotations
@@ -23,35 +23,42 @@ from durable_agent import clock, conf, observability
 from durable_agent.errors import HostNotFound, PassError, PassFailed, is_stop
 from durable_agent.maintenance import failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION
-from durable_agent.maintenance.lanes.native.state import Pass
-from durable_agent.maintenance.lanes.native.step import run_native
-from durable_agent.maintenance.lanes.pool import Executor
-from durable_agent.maintenance.lanes.waves import join, validate_lanes
 from durable_agent.maintenance.passes.ensure import (
     read_current_state,
     register_framework_lanes,
     report_parked,
 )
 from durable_agent.maintenance.passes.finish import (
+    MAX_PASS_ERROR_LENGTH,
+    PassReport,
     check_deadline,
     finish,
     rearm_failure,
-)
-from durable_agent.maintenance.passes.pass_records import (
-    MAX_PASS_ERROR_LENGTH,
-    PassReport,
     record,
     recorded,
     report_of,
 )
-from durable_agent.maintenance.passes.pass_waves import (
+from durable_agent.maintenance.passes.native import run_native
+from durable_agent.maintenance.passes.pool import Executor
+from durable_agent.maintenance.passes.state import (
+    Busy,
+    Lease,
+    Pass,
+    Stale,
+    heartbeat,
+    release,
+    take,
+)
+from durable_agent.maintenance.passes.waves import (
     admit_waves,
     after_native,
+    join,
+    one_wave,
     publication_barrier,
+    quick,
     refill_waves,
+    validate_lanes,
 )
-from durable_agent.maintenance.passes.short_paths import one_wave, quick
-from durable_agent.maintenance.store import lease
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     resolve_host_id,
@@ -100,23 +107,23 @@ def _run_pass(host: Host | str | int, *, slot_time: datetime | None, guard: bool
     p = Pass(ref, get_runtime(), clock.now(), slot_time=slot_time, guard=guard)
     begin(p)
     taken = p.lease
-    if isinstance(taken, lease.Stale):
+    if isinstance(taken, Stale):
         logger.debug(
             "Stale alarm delivery: %s",
             taken.reason,
             extra=log_extra(p.host, phase="stale", action="pass"),
         )
         return PassReport(host=p.host.key, phase="stale", lateness_ms=p.lateness_ms)
-    if isinstance(taken, lease.Busy):
+    if isinstance(taken, Busy):
         report = PassReport(host=p.host.key, phase=PassPhase.BUSY.value, lateness_ms=p.lateness_ms)
         record(p.host, p.started_at, report, deadline=slot_time)
         return report
-    assert isinstance(taken, lease.Lease)
+    assert isinstance(taken, Lease)
     if p.finished:  # Note [Nothing or one wave to run]
         return recorded(p.host, p.started_at, report_of(p, PassPhase.CAUGHT_UP.value), p.parked)
     released = False
     try:
-        with lease.heartbeat(taken):
+        with heartbeat(taken):
             try:
                 failpoints.hit("maintenance:begin:after")
                 if p.wave is not None:
@@ -145,7 +152,7 @@ def _run_pass(host: Host | str | int, *, slot_time: datetime | None, guard: bool
                 raise
     finally:
         if not released:
-            lease.release(taken)
+            release(taken)
             report_parked(p.host.pk)
     if p.parked:
         report_parked(p.host.pk)
@@ -225,8 +232,8 @@ def begin(p: Pass) -> None:
     def fn(tx: AlarmTx) -> None:
         state, queue = tx.state, tx.queue
         p.host = state.host
-        p.lease = taken = lease.take(tx, now, fired_for=fired_for)
-        if not isinstance(taken, lease.Lease):
+        p.lease = taken = take(tx, now, fired_for=fired_for)
+        if not isinstance(taken, Lease):
             return
         active, p.producing = tx.producing_lanes(now)
         read_current_state(tx, p.runtime)

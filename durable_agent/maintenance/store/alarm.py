@@ -15,7 +15,7 @@ from typing import Any
 from durable_agent import clock, conf, signals
 from durable_agent.errors import HostNotFound, InvalidInput, RearmRefused
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.store.slot import slot_deadline
+from durable_agent.maintenance.store.rows import slot_deadline
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     resolve_host_id,

@@ -1,4 +1,4 @@
-"""The alarm transaction's four statements, as SQL built once per database.
+"""The alarm transaction's four statements as SQL built once per database, and the slot row.
 
 Note [Reads written once]
     Every alarm transaction (each gate commit, each step of a pass) runs the same statements:
@@ -19,12 +19,17 @@ Django upgrade): ``Model._meta.concrete_fields`` / ``db_table`` / ``get_field``,
 ``connection.features.has_select_for_update`` / ``has_select_for_update_of``.
 tests/maintenance/store/test_rows.py compares every statement built here with what the ORM reads and
 writes; ``make test`` runs it on Django 5.2 and 6.1, the two ends of the supported range.
+
+The slot row (at the end): read and write a host's django-q ``Schedule`` (docs/concepts.md).
+Its writes run inside an alarm transaction (``transactions.py`` calls :func:`apply_checkpoint`
+just before it commits); the services on the slot are in ``alarm.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connections, router
@@ -32,7 +37,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 from django_q.models import Schedule
 
-from durable_agent.maintenance.types import Lane
+from durable_agent import conf
+from durable_agent.maintenance.types import Checkpoint, Lane
 from durable_agent.models import DueLane, Host, MaintenanceState
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
@@ -211,3 +217,42 @@ def update_where(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+def slot_deadline(schedule: Schedule | None) -> datetime | None:
+    """The deadline a schedule row holds, or None when it is disarmed or missing."""
+    if schedule is None or schedule.repeats == 0:
+        return None
+    value: datetime = schedule.next_run
+    return value
+
+
+def apply_checkpoint(host: Host, checkpoint: Checkpoint) -> datetime | None:
+    """Write the checkpoint's target to the host's schedule row (inside the alarm transaction)."""
+    target = checkpoint.target()
+    if checkpoint.intent is None or target == checkpoint.current:
+        return target
+    schedule = host.alarm
+    if schedule is None:
+        if target is None:
+            return None
+        schedule = Schedule.objects.create(
+            name=f"durable_agent:host:{host.pk}",
+            func=conf.alarm_task(),
+            args=repr(host.pk),
+            schedule_type=Schedule.ONCE,
+            repeats=1,
+            next_run=target,
+            intended_date_kwarg="deadline",
+            cluster=conf.alarm_cluster(),
+        )
+        Host.objects.filter(pk=host.pk).update(alarm=schedule)
+        host.alarm = schedule
+    elif target is None:
+        Schedule.objects.filter(pk=schedule.pk).update(repeats=0)
+        schedule.repeats = 0
+    else:
+        Schedule.objects.filter(pk=schedule.pk).update(next_run=target, repeats=1)
+        schedule.next_run, schedule.repeats = target, 1
+    checkpoint.current = target
+    return target

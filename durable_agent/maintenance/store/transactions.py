@@ -41,8 +41,12 @@ from durable_agent.errors import (
 from durable_agent.maintenance import backoff
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.store.due_queue import DueQueue
-from durable_agent.maintenance.store.rows import lock_state_row, update_where
-from durable_agent.maintenance.store.slot import apply_checkpoint, slot_deadline
+from durable_agent.maintenance.store.rows import (
+    apply_checkpoint,
+    lock_state_row,
+    slot_deadline,
+    update_where,
+)
 from durable_agent.maintenance.types import Checkpoint
 from durable_agent.models import Host, MaintenanceState, MutationTicket
 from durable_agent.text import storable, unstorable

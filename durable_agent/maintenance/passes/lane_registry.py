@@ -24,7 +24,7 @@ from durable_agent.maintenance.lane_ids import (
     RECOVERY_EVENTS,
     validate_host_lane_id,
 )
-from durable_agent.maintenance.lanes.recovery_events import deliver_recovery_events
+from durable_agent.maintenance.passes.recovery import deliver_recovery_events
 from durable_agent.maintenance.types import LaneContext
 
 Phase = Literal["concurrent", "after-native"]
@@ -37,7 +37,7 @@ Phase = Literal["concurrent", "after-native"]
 #     ``BESIDE_NATIVE`` wave at most: a due lane of any other phase takes the general path
 #     (Note [Nothing or one wave to run]), and a due lane of a phase no step runs fails the
 #     pass (``validate_lanes``) instead of being skipped while its slot re-arms forever. A new
-#     phase is a row here, and a new step (if it needs one) in ``passes/pass_waves.py``.
+#     phase is a row here, and a new step (if it needs one) in ``passes/waves.py``.
 BESIDE_NATIVE = "beside-native"
 AFTER_NATIVE = "after-native"
 PHASES: dict[str, str] = {"concurrent": BESIDE_NATIVE, "after-native": AFTER_NATIVE}

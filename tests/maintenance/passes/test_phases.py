@@ -1,5 +1,5 @@
 """Lane phases: a phase is a row of one table, and no pass skips a due lane of any phase
-(Note [Lane phases] in ``durable_agent/maintenance/lanes/lane_registry.py``)."""
+(Note [Lane phases] in ``durable_agent/maintenance/passes/lane_registry.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from durable_agent import conf, lanes
 from durable_agent.errors import LaneNotRegistered
 from durable_agent.maintenance import alarm, gate, lane_registry, run_pass
-from durable_agent.maintenance.lanes.lane_registry import LaneSpec
+from durable_agent.maintenance.passes.lane_registry import LaneSpec
 from durable_agent.models import DueLane, Host
 from durable_agent.testing import FakeClock, ScriptedRuntime
 from tests.maintenance.helpers import caught_up

@@ -4,6 +4,11 @@ A thread whose recovery fails becomes a :class:`RecoveryFault` retried after 5 s
 60, 60 ... s; it is never dispatched meanwhile. Every transition (created / changed / cleared,
 one per recipient submission) is appended as a :class:`RecoveryEvent` and delivered in order,
 at least once, by the recovery-events lane to the ``recovery_fault`` signal.
+
+The recovery-events lane (``deliver_recovery_events``) delivers each recovery event, in order,
+to ``recovery_fault``, at least once, and acknowledges each in an alarm transaction
+(docs/pass.md). Work cursors (``read_cursor``, ``write_cursor``): where paged recovery of a
+thread resumes after a crash.
 """
 
 from __future__ import annotations
@@ -16,20 +21,23 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import clock
-from durable_agent.errors import error_message, type_name
-from durable_agent.maintenance import backoff, failpoints, work_cursors
+from durable_agent.errors import InvalidInput, error_message, type_name
+from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import RECOVERY_EVENTS
-from durable_agent.maintenance.lanes.pool import RecoveryTimeout, bounded_call
 from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.passes.pool import RecoveryTimeout, bounded_call
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
-from durable_agent.maintenance.types import EPOCH
-from durable_agent.models import RecoveryEvent, RecoveryFault
+from durable_agent.maintenance.types import EPOCH, LaneContext
+from durable_agent.models import MaintenanceState, RecoveryEvent, RecoveryFault, WorkCursor
+from durable_agent.models.recovery import MAX_CURSOR_LENGTH
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Blocked, RecoveryReport, RecoverySweep, Runtime, WorkItem
+from durable_agent.signals import recovery_fault
 from durable_agent.text import storable, storable_json
 
 if TYPE_CHECKING:
     from durable_agent.models import Host
+
 
 logger = logging.getLogger("durable_agent.maintenance")
 MAX_ATTEMPTS = 2**31 - 1
@@ -75,7 +83,7 @@ def failure_of(exc: BaseException, *, phase: str, operation: str) -> dict[str, A
 
 def recover_thread(host: Host, runtime: Runtime, thread: str, recovery: NativeRecovery) -> None:
     """Sweep ``thread`` page by page, saving the cursor so a crash resumes where it stopped."""
-    cursor = work_cursors.read(host.pk, thread)
+    cursor = read_cursor(host.pk, thread)
     while True:
         try:
             sweep = bounded_call(
@@ -84,7 +92,7 @@ def recover_thread(host: Host, runtime: Runtime, thread: str, recovery: NativeRe
         except RecoveryTimeout as exc:  # Note [A hung runtime call is abandoned]
             sweep = RecoverySweep(blocked=(blocked_failure(thread, exc, RUN_RECOVERY),))
         faults = record_recovery_faults(host, runtime, sweep, recovery, selected_thread=thread)
-        work_cursors.write(host.pk, thread, sweep.cursor)
+        write_cursor(host.pk, thread, sweep.cursor)
         with recovery.lock:
             for report in sweep.reports:
                 recovery.reports[report.submission] = report
@@ -247,3 +255,60 @@ def load_recovery_faults(
 
 def blocked_failure(thread: str, exc: BaseException, operation: str) -> Blocked:
     return Blocked(thread=thread, failure=failure_of(exc, phase="recovery", operation=operation))
+
+
+def deliver_recovery_events(ctx: LaneContext) -> datetime | None:
+    """The recovery-events lane: send each undelivered event to ``recovery_fault``, in order."""
+    host = ctx.host
+    while not ctx.cancelled():
+        state = MaintenanceState.objects.get(host_id=host.pk)
+        sequence = state.recovery_event_acknowledged + 1
+        if sequence > state.recovery_event_sequence:
+            return None
+        event = RecoveryEvent.objects.get(host_id=host.pk, sequence=sequence)
+        recovery_fault.send(sender=RecoveryEvent, host=host, event=event)
+        delivered_at = clock.now()
+
+        def ack(
+            tx: AlarmTx, sequence: int = sequence, delivered_at: datetime = delivered_at
+        ) -> None:
+            if tx.state.recovery_event_acknowledged < sequence:
+                tx.state.recovery_event_acknowledged = sequence
+                RecoveryEvent.objects.filter(host_id=host.pk, sequence=sequence).update(
+                    delivered_at=delivered_at
+                )
+
+        run_alarm_transaction(host, "acknowledge recovery event", ack)
+    return ctx.now()
+
+
+def validate_cursor_text(cursor: object) -> str:
+    """A work cursor is a non-empty string of at most 8192 characters."""
+    if not isinstance(cursor, str) or not cursor:
+        raise InvalidInput("A work cursor must be a non-empty string", cursor=cursor)
+    if len(cursor) > MAX_CURSOR_LENGTH:
+        raise InvalidInput(
+            f"A work cursor has at most {MAX_CURSOR_LENGTH} characters, not {len(cursor)}",
+            length=len(cursor),
+        )
+    return cursor
+
+
+def read_cursor(host_id: int, thread: str) -> str | None:
+    """The saved cursor of ``thread``, or None."""
+    value: str | None = (
+        WorkCursor.objects.filter(host_id=host_id, thread=thread)
+        .values_list("cursor", flat=True)
+        .first()
+    )
+    return value
+
+
+def write_cursor(host_id: int, thread: str, cursor: str | None) -> None:
+    """Save ``cursor`` for ``thread``; None deletes it (the sweep finished)."""
+    if cursor is None:
+        WorkCursor.objects.filter(host_id=host_id, thread=thread).delete()
+        return
+    WorkCursor.objects.update_or_create(
+        host_id=host_id, thread=thread, defaults={"cursor": validate_cursor_text(cursor)}
+    )

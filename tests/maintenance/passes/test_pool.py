@@ -1,5 +1,5 @@
 """The pass's thread pool: kept per calling thread, its connections reused (Note [One pool per
-calling thread] in durable_agent/maintenance/lanes/pool.py)."""
+calling thread] in durable_agent/maintenance/passes/pool.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection, connections
 
-from durable_agent.maintenance.lanes import pool as thread_pools
-from durable_agent.maintenance.lanes.pool import Executor, close_thread_pool
+from durable_agent.maintenance.passes import pool as thread_pools
+from durable_agent.maintenance.passes.pool import Executor, close_thread_pool
 
 pytestmark = [pytest.mark.threads, pytest.mark.django_db(transaction=True)]
 

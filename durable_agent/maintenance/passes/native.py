@@ -1,0 +1,464 @@
+"""The native step of a pass: scan, discover, recover, select, attempt, checkpoint (6.4, 6.5).
+
+``run_native`` runs the phases in order over the pass (``state.py``), and this module holds
+them in that order: observe the ledger (``observe``), select the heads and the old-work backlog
+(``select``), attempt the heads while the backlog is recovered (``dispatch``), then acknowledge
+or back off (``checkpoint``).
+
+Size: the native step, phase after phase, is read in one module, top to bottom.
+
+Note [Select again after recovery]
+    Upstream's scheduling loop advances again once old-work recovery finished, dispatching
+    when no attempt has settled yet: the recovery reports can release a thread (an unknown
+    head becomes a stable wait, an expired lease becomes ``ready``). The port keeps that one
+    refill: when the first selection dispatched nothing and the backlog was swept, the pass
+    observes and selects once more before its checkpoint.
+
+Observe: scan the ledger, discover work owners, pick each thread's head.
+
+Note [An unknown head does not hold up its thread]
+    As upstream: an ``unknown`` submission that recovery reported as a stable wait is skipped
+    when the pass picks each thread's head, so the submission behind it becomes the head and
+    runs. Recovery reports it in the pass's first sweep of the thread (old-work recovery), so
+    the pass selects a second time after that sweep when nothing was dispatched yet (Note
+    [Select again after recovery]). A ``WorkItem`` with ``holds_thread`` (an agent registered
+    with ``strict_order=True``) is not skipped: its thread waits with it (Note [Followers
+    behind a stable wait]).
+
+Select: the heads to attempt, round-robin, and the old-work backlog.
+
+Note [Stable waits are not swept]
+    Upstream sweeps every head that is not eligible, stable waits included. A thread whose head
+    waits on an external mutation (approval, unknown resolution, a parked binding) has nothing
+    recovery can do until that mutation arrives, and the mutation advances the generation
+    itself; sweeping it again every pass would keep a host with many waits autonomous forever.
+    So the old-work backlog holds the heads and the discovered work owners that are not
+    eligible, minus every thread whose head waits.
+
+Dispatch: attempt the selected heads while the backlog is recovered, and
+record the heads that wait on their agent binding.
+
+Checkpoint: acknowledge what the pass observed, or back off.
+
+Note [Acknowledge only the observed generation]
+    A pass records the generation it observed when it began. Its checkpoint acknowledges
+    (``processed := generation``) only that one, and only when nothing autonomous remains and
+    no mutation overlapped it. A producer that committed during the pass advanced ``dirty``
+    past the observed generation, so the host stays dirty and its alarm armed.
+
+Note [Followers behind a stable wait]
+    A ``ready`` submission queued behind a head that waits on an external mutation (approval,
+    a held unknown resolution, a parked binding) cannot run before its head: it is dormant
+    too, so a suspended thread keeps no alarm however much input is queued behind it.
+
+Note [Delayed heads]
+    A ``ready`` head whose ``not_before`` has not come (a delayed submission, a retry's next
+    try) is not attempted, and the submissions behind it wait with it. Unlike a stable wait it
+    needs no outside mutation, only time: the checkpoint keeps the generation unacknowledged
+    and the native lane due at the earliest such ``not_before`` (never sooner, and without the
+    no-progress backoff when nothing else is autonomous), so the pass at that time attempts it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from durable_agent import clock, conf, signals
+from durable_agent.errors import BindingUnavailable
+from durable_agent.maintenance import backoff, failpoints
+from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.passes.pool import bounded_call
+from durable_agent.maintenance.passes.recovery import (
+    READ_ABORT_INTENT,
+    blocked_failure,
+    load_recovery_faults,
+    record_recovery_faults,
+    recover_thread,
+)
+from durable_agent.maintenance.passes.state import Pass
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.models import BindingRetry, MaintenanceState
+from durable_agent.observability import log_extra
+from durable_agent.runtime import RecoverySweep, WorkItem, stable_external_wait
+
+
+def run_native(p: Pass) -> None:
+    """Run the native step of a pass whose begin charged the native lane."""
+    view = observe(p)
+    selected, backlog = select(p, view)
+    dispatch(p, view, selected, backlog)
+    if backlog and not selected and clock.now() < p.yield_at:
+        view = observe(p)  # Note [Select again after recovery]
+        selected, _ = select(p, view)
+        dispatch(p, view, selected, [])
+    checkpoint(p)
+
+
+DISCOVERY_LIMIT = 32
+
+
+@dataclass
+class View:
+    """One control-state observation of the ledger."""
+
+    scanned_generation: int
+    current: list[WorkItem]
+    owners: tuple[str, ...]
+    heads: dict[str, WorkItem]
+    eligible: list[str]
+    waits: list[BindingRetry]
+    waiting: Callable[[WorkItem], bool]
+
+
+def observe(step: Pass) -> View:
+    host, runtime, recovery = step.host, step.runtime, step.recovery
+    # The generation this scan answers for, read before it: a producer may have advanced it
+    # since begin. The rest of the state row is the pass's own (read by begin, kept by it).
+    scanned_generation = (
+        MaintenanceState.objects.filter(host_id=host.pk).values_list("dirty", flat=True).get()
+    )
+    cursor = step.last_recovered_thread
+    with gate.native_source():
+        current = list(runtime.scan_nonterminal(host))
+        owners = runtime.discover_work_threads(host, cursor, DISCOVERY_LIMIT)
+        if not owners.threads and cursor is not None:
+            owners = runtime.discover_work_threads(host, None, DISCOVERY_LIMIT)
+    recovery.discovery_pending |= owners.after is not None
+    selection_time = clock.now()
+    ids_by_thread: dict[str, list[str]] = {}
+    for item in current:
+        ids_by_thread.setdefault(item.thread, []).append(item.submission)
+    for thread in owners.threads:
+        ids_by_thread.setdefault(thread, [])
+    load_recovery_faults(host, ids_by_thread, recovery, selection_time)
+    waits = list(BindingRetry.objects.filter(host_id=host.pk))
+    parked = {w.submission for w in waits}
+    reports, faults = recovery.reports, recovery.faults
+
+    def waiting(item: WorkItem) -> bool:
+        return (
+            item.thread not in recovery.pending
+            and item.thread not in faults
+            and (item.submission in parked or stable_external_wait(item, reports))
+        )
+
+    heads: dict[str, WorkItem] = {}
+    for item in current:  # Note [An unknown head does not hold up its thread]
+        if skipped(item, waiting):
+            continue
+        heads.setdefault(item.thread, item)
+    stopping = stopping_threads(step, heads, current)
+    eligible = sorted(
+        thread
+        for thread, head in heads.items()
+        if thread not in recovery.pending
+        and thread not in stopping
+        and thread not in faults
+        and not waiting(head)
+        and not head.delayed(selection_time)  # Note [Delayed heads]
+        and (head.state == "ready" or head.submission in reports)
+    )
+    waits = [w for w in waits if w.thread in heads and heads[w.thread].submission == w.submission]
+    return View(
+        scanned_generation=scanned_generation,
+        current=current,
+        owners=owners.threads,
+        heads=heads,
+        eligible=eligible,
+        waits=waits,
+        waiting=waiting,
+    )
+
+
+def stopping_threads(step: Pass, heads: dict[str, WorkItem], current: list[WorkItem]) -> set[str]:
+    """Ready heads with an accepted abort: recovery settles them, no attempt runs."""
+    stopping: set[str] = set()
+    for head in heads.values():
+        if (
+            head.state != "ready"
+            or head.thread in step.recovery.pending
+            or head.thread in step.recovery.faults
+        ):
+            continue
+        try:  # Note [A hung runtime call is abandoned]
+            intent = bounded_call(
+                READ_ABORT_INTENT,
+                functools.partial(step.runtime.read_abort_intent, step.host, head.submission),
+            )
+        except Exception as exc:
+            sweep = RecoverySweep(blocked=(blocked_failure(head.thread, exc, READ_ABORT_INTENT),))
+            faults = record_recovery_faults(
+                step.host, step.runtime, sweep, step.recovery, current=current
+            )
+            step.recovery.faults.update(faults)
+            step.recovery.recovered += 1
+            continue
+        if intent is not None:
+            stopping.add(head.thread)
+    return stopping
+
+
+def skipped(item: WorkItem, waiting: Callable[[WorkItem], bool]) -> bool:
+    """An ``unknown`` row that waits and does not hold its thread is no thread's head."""
+    return item.state == "unknown" and not item.holds_thread and waiting(item)
+
+
+def select(step: Pass, view: View) -> tuple[list[str], list[str]]:
+    recovery = step.recovery
+    waiting_threads = {w.thread for w in view.waits}
+    runnable = [t for t in view.eligible if t not in waiting_threads]
+    selection_time = clock.now()
+
+    failpoints.hit("maintenance:select:before")
+
+    def fn(tx: AlarmTx) -> tuple[list[str], list[str], bool]:
+        state = tx.state
+        last = state.last_served_thread
+        pivot = next((i for i, t in enumerate(runnable) if last is None or t > last), 0)
+        selected = (runnable[pivot:] + runnable[:pivot])[: step.slots]
+        if selected:
+            state.last_served_thread = selected[-1]
+        if recovery.started:
+            return selected, [], False
+        backlog = [
+            t
+            for t in dict.fromkeys([*view.heads, *view.owners])
+            if t not in view.eligible
+            and not (t in view.heads and view.waiting(view.heads[t]))
+            and (t not in recovery.faults or recovery.faults[t].retry_at <= selection_time)
+        ]
+        cursor = state.last_recovered_thread
+        after = [t for t in backlog if cursor is None or t > cursor]
+        before = [t for t in backlog if cursor is not None and t <= cursor]
+        return selected, (after + before)[:DISCOVERY_LIMIT], len(backlog) > DISCOVERY_LIMIT
+
+    selected, backlog, overflow = run_alarm_transaction(step.host.pk, "select maintenance work", fn)
+    failpoints.hit("maintenance:select:after")
+    if not recovery.started:
+        recovery.started = True
+        recovery.needs_checkpoint = bool(backlog)
+        recovery.discovery_pending |= overflow
+        recovery.pending |= set(backlog)
+    return selected, backlog
+
+
+logger = logging.getLogger("durable_agent.maintenance")
+
+
+def dispatch(step: Pass, view: View, selected: list[str], backlog: list[str]) -> None:
+    """Attempt the selected heads while the backlog is recovered; join them all."""
+    futures: list[Future[int]] = []
+    if clock.now() < step.yield_at:
+        futures = [submit_attempt(step, view.heads[t], view.waits) for t in selected]
+    failure: BaseException | None = None
+    try:
+        for thread in backlog:
+            recover_backlog_thread(step, thread)
+    except BaseException as exc:  # still join the attempts before failing the pass
+        failure = exc
+    for future in futures:
+        try:
+            value = future.result()
+        except BaseException as exc:
+            failure = failure or exc
+            continue
+        step.settled += value
+        step.progressed |= value > 0
+    if failure is not None:
+        raise failure
+
+
+def submit_attempt(step: Pass, head: WorkItem, waits: list[BindingRetry]) -> Future[int]:
+    assert step.executor is not None
+    return step.executor.submit(lambda: attempt(step, head, waits))
+
+
+def recover_backlog_thread(step: Pass, thread: str) -> None:
+    """Old-work recovery: the cursor is persisted before the work (a crash moves on)."""
+
+    def fn(tx: AlarmTx) -> None:
+        tx.state.last_recovered_thread = thread
+
+    failpoints.hit("maintenance:select:before")
+    run_alarm_transaction(step.host, "advance recovery cursor", fn)
+    step.last_recovered_thread = thread
+    failpoints.hit("maintenance:select:after")
+    recover_thread(step.host, step.runtime, thread, step.recovery)
+    with step.recovery.lock:
+        step.recovery.pending.discard(thread)
+
+
+def attempt(step: Pass, head: WorkItem, previous_waits: list[BindingRetry]) -> int:
+    """Recover the thread, then run its head once (docs/pass.md, step 2)."""
+    recover_thread(step.host, step.runtime, head.thread, step.recovery)
+    binding_failure: BindingUnavailable | None = None
+    settlement = None
+    if head.thread not in step.recovery.faults:
+        try:
+            with gate.native_source():
+                settlement = step.runtime.process_thread_head(step.host, head.thread, step.yield_at)
+        except BindingUnavailable as exc:
+            binding_failure = exc
+    previous = next((w for w in previous_waits if w.submission == head.submission), None)
+    if binding_failure is not None and previous is None:
+        agent = getattr(binding_failure, "agent", "?")
+        version = getattr(binding_failure, "version", "?")
+        logger.error(
+            "Thread parked until its agent binding registry changes; original work remains "
+            "pending: agent %s@%s, thread %r, host %r, submission %s (deploy it, or restart the "
+            "cluster if you changed its code: qcluster keeps the code it started with)",
+            agent,
+            version,
+            head.thread,
+            step.host.key,
+            head.submission,
+            extra=log_extra(
+                step.host,
+                thread_key=head.thread,
+                submission_id=head.submission,
+                error=str(binding_failure),
+                action="binding_wait",
+            ),
+        )
+        signals.needs_operator_on_commit(
+            host_id=step.host.pk,
+            submission_id=head.submission,
+            thread=head.thread,
+            agent=str(agent),
+            version=str(version),
+            reason="binding",
+            log=False,
+        )
+    if binding_failure is not None or previous is not None:
+        record_binding_wait(step, head, previous, binding_failure is not None)
+    return 1 if settlement is not None else 0
+
+
+def record_binding_wait(
+    step: Pass, head: WorkItem, previous: BindingRetry | None, parked: bool
+) -> None:
+    now = clock.now()
+    key = step.runtime.binding_registry_key()
+
+    def fn(tx: AlarmTx) -> None:
+        BindingRetry.objects.filter(host_id=tx.host_id, submission=head.submission).delete()
+        if parked:
+            BindingRetry.objects.create(
+                host_id=tx.host_id,
+                thread=head.thread,
+                submission=head.submission,
+                attempts=min(backoff.MAX_RETRY_STALLS, (previous.attempts if previous else 0) + 1),
+                reported_at=previous.reported_at if previous else now,
+                registry_key=key,
+            )
+
+    failpoints.hit("maintenance:binding-retry:before")
+    run_alarm_transaction(step.host, "record submission binding wait", fn)
+    failpoints.hit("maintenance:binding-retry:after")
+
+
+def checkpoint(step: Pass) -> None:
+    """Acknowledge what was observed, or back off; never writes the slot itself. Leaves the
+    native lane's next time in ``step.next_at`` and the work remaining in ``step.nonterminal``."""
+    view = observe(step)
+    recovery, observed = step.recovery, step.generation
+    assert observed is not None
+    remaining = view.current
+    reports = recovery.reports
+    first_seen: dict[str, bool] = {}
+    timed: list[datetime] = []
+    seen = clock.now()
+
+    def is_autonomous(item: WorkItem) -> bool:
+        if skipped(item, view.waiting):
+            return False  # Note [An unknown head does not hold up its thread]
+        waits = view.waiting(item)
+        head_waiting = first_seen.get(item.thread)
+        if head_waiting is None:
+            delayed = item.delayed(seen)
+            first_seen[item.thread] = waits or delayed
+            if delayed and not waits and item.not_before is not None:  # Note [Delayed heads]
+                timed.append(item.not_before)
+                return False
+        if head_waiting is True and item.state == "ready":
+            return False  # Note [Followers behind a stable wait]
+        return not waits
+
+    items_autonomous = any([is_autonomous(item) for item in remaining])
+    untimed = (
+        bool(recovery.pending)
+        or recovery.discovery_pending
+        or bool(recovery.faults)
+        or recovery.retry_at is not None
+        or items_autonomous
+    )
+    autonomous = untimed or bool(timed)
+    del reports
+    progressed = step.progressed or recovery.repaired
+    now = clock.now()
+    jitter = clock.random()
+    if untimed:
+        ordinary = (
+            conf.backoff_base_ms() if progressed else backoff.backoff_delay_ms(step.stalls, jitter)
+        )
+    else:
+        ordinary = 0
+    waiting_threads = {w.thread for w in view.waits}
+    next_eligible = [f.retry_at for f in recovery.faults.values()]
+    next_eligible += [now for t in view.eligible if t not in waiting_threads]
+    if recovery.retry_at is not None:
+        next_eligible.append(recovery.retry_at)
+    next_eligible += timed
+    retry_ms = (
+        max(0, math.ceil((min(next_eligible) - now) / timedelta(milliseconds=1)))
+        if next_eligible
+        else 0
+    )
+    delay = timedelta(milliseconds=max(ordinary, retry_ms))
+    remaining_ids = {item.submission for item in remaining}
+
+    def fn(tx: AlarmTx) -> datetime | None:
+        state = tx.state
+        active = tx.live_ticket_count(now)
+        overlap = step.active_at_start > 0 or active > 0
+        generation = (
+            view.scanned_generation
+            if not remaining
+            and not view.owners
+            and not overlap
+            and state.dirty == view.scanned_generation
+            else observed
+        )
+        if not (autonomous or overlap):
+            state.processed = max(state.processed, generation)
+        can_backoff = not overlap and state.dirty == observed
+        tx.clear_retry()
+        state.nonterminal = len(remaining)
+        BindingRetry.objects.filter(host_id=tx.host_id).exclude(
+            submission__in=remaining_ids
+        ).delete()
+        if autonomous and not progressed and can_backoff:
+            tx.back_off_native(observed, now + delay, step.stalls)
+        if autonomous:
+            due: datetime | None = now + (delay if can_backoff else _min_delay())
+        elif overlap or state.dirty > state.processed:
+            due = now + _min_delay()
+        else:
+            due = None
+        tx.queue.checkpoint_native(due)
+        return due
+
+    failpoints.hit("maintenance:checkpoint:before")
+    step.next_at = run_alarm_transaction(step.host, "checkpoint maintenance generation", fn)
+    failpoints.hit("maintenance:checkpoint:after")
+    step.nonterminal = len(remaining)
+
+
+def _min_delay() -> timedelta:
+    return conf.minimum_alarm_delay()

@@ -1,1 +1,0 @@
-"""Tests of ``durable_agent/maintenance/lanes/``."""
