@@ -16,7 +16,11 @@ from durable_agent.maintenance import alarm, run_pass
 from durable_agent.models import Host
 from tests.package.docs_snippets import ROOT, block
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# PostgreSQL: the stand-in cluster writes from its own thread while the block waits, which the
+# SQLite test database (one in-memory database, table locks across connections) refuses at
+# random ("database table is locked"). On SQLite the same blocks run from the built wheel
+# against a real cluster in tests/package.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 GUIDE = ROOT / "docs" / "first-agent.md"
 
