@@ -15,6 +15,9 @@ dropped and created afresh). Scenarios, ``--count`` calls each:
 - ``shared``: the same on one host, the submissions going round-robin to 20 of its threads;
 - ``schedule``: ``gate.schedule(host, "bench-clock", now)`` on a host of its own; latency =
   the lane handler's first line minus the moment ``schedule`` returned;
+- ``delayed``: ``durable_agent.submit(..., not_before=...)`` to a host of its own, the delay
+  going round ``DELAYS`` (0.1 s to 2 s); latency = the agent function's first line minus the
+  ``not_before`` it was given (the delayed work's lateness, to compare with bench.lateness);
 - ``approval``: ``count`` submissions of ``bench-approval`` (a host each) are first made and
   left to suspend for approval; then each is approved at the rate; latency = the agent's
   line after ``ctx.suspend_for_approval`` (its resumed run) minus the moment ``approve()``
@@ -69,7 +72,9 @@ SCENARIOS = {
     "shared": f"submit() -> agent, {THREADS} threads of one host",
     "schedule": "gate.schedule(now) -> lane handler",
     "approval": "approve() -> agent resumes",
+    "delayed": "submit(not_before) -> agent, lateness past not_before",
 }
+DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)  # seconds: the delayed scenario's not_before, in turn
 
 
 @dataclass
@@ -124,24 +129,32 @@ def call_counted(outcome: Outcome, fn: Callable[[], Any]) -> Any:
         return None
 
 
-def run_submit(shared: bool, count: int, rate: float, stamps_dir: str, run: int) -> Outcome:
+def run_submit(
+    shared: bool, count: int, rate: float, stamps_dir: str, run: int, delayed: bool = False
+) -> Outcome:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
     import durable_agent
 
     outcome = Outcome()
-    hosts = make_hosts(f"i{run}-{'s' if shared else 'h'}", 1 if shared else count)
+    kind = "d" if delayed else "s" if shared else "h"
+    hosts = make_hosts(f"i{run}-{kind}", 1 if shared else count)
     returned: dict[str, float] = {}
 
     def call(i: int) -> None:
         host = hosts[0] if shared else hosts[i]
         thread = f"t{i % THREADS}" if shared else "t"
+        at = timezone.now() + timedelta(seconds=DELAYS[i % len(DELAYS)]) if delayed else None
         receipt = call_counted(
             outcome,
             lambda: durable_agent.submit(
-                host=host, thread=thread, agent="bench-immediate", payload={"i": i}
+                host=host, thread=thread, agent="bench-immediate", payload={"i": i}, not_before=at
             ),
         )
-        if receipt is not None:
-            returned[str(receipt.submission_id)] = time.time()
+        if receipt is not None:  # delayed: measured from not_before, not from the return
+            returned[str(receipt.submission_id)] = at.timestamp() if at else time.time()
 
     paced(count, rate, call, outcome)
     collect(outcome, returned, stamps_dir, "agent", "start")
@@ -231,6 +244,19 @@ def collect(
         outcome.latencies.append((min(times) - at) * 1000)
 
 
+def by_delay(outcome: Outcome) -> None:
+    """The delayed scenario's lateness for each delay (latencies are in call order)."""
+    if outcome.errors["missing"]:
+        return  # the order no longer tells the delays apart
+    for k, delay in enumerate(DELAYS):
+        shown = outcome.latencies[k :: len(DELAYS)]
+        print(
+            f"  not_before +{delay:g} s: p50 {percentile(shown, 50):.1f} ms "
+            f"p99 {percentile(shown, 99):.1f} ms",
+            flush=True,
+        )
+
+
 def cluster_errors(outcome: Outcome, exc: SystemExit) -> None:
     match = re.search(r"recorded (\d+) errors", str(exc))
     outcome.errors["ERROR logged by the cluster"] += int(match.group(1)) if match else 1
@@ -261,12 +287,16 @@ def run_all(args: argparse.Namespace, run: int) -> dict[str, Outcome]:
                     outcome = run_submit(False, args.count, args.rate, stamps, run)
                 elif scenario == "shared":
                     outcome = run_submit(True, args.count, args.rate, stamps, run)
+                elif scenario == "delayed":
+                    outcome = run_submit(False, args.count, args.rate, stamps, run, delayed=True)
                 elif scenario == "schedule":
                     outcome = run_schedule(args.count, args.rate, stamps, run)
                 else:
                     outcome = run_approval(args.count, args.rate, stamps, run)
                 pass_errors(outcome)
                 results[scenario] = outcome
+                if scenario == "delayed":
+                    by_delay(outcome)
                 print(
                     f"run {run + 1} {scenario}: p50 {percentile(outcome.latencies, 50):.1f} ms "
                     f"p99 {percentile(outcome.latencies, 99):.1f} ms, "

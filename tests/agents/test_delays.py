@@ -137,3 +137,38 @@ def test_delays__a_past_time_runs_at_once(
     run_pass(host)
 
     assert calls == [("echo", 1)]
+
+
+@pytest.mark.parametrize("delay_ms", [100, 250, 999])
+def test_delays__a_sub_second_delay_is_due_at_its_time_not_at_the_claims_floor(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any], delay_ms: int
+) -> None:
+    """Waiting for a time is not a stall: the native claim's 1 s floor does not delay it."""
+    start = clock.now()
+    at = start + timedelta(milliseconds=delay_ms)
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1, not_before=at)
+
+    run_pass(host)  # claims the native lane (its floor: 1 s), finds only a delayed head
+
+    assert calls == []
+    assert alarm.scheduled(host) == at
+    clock.set(at)
+    run_pass(host)
+    assert calls == [("echo", 1)]
+
+
+def test_delays__delays_in_turn_never_build_up_a_backoff(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    """Ten delayed heads in turn on one thread: each starts at its own time."""
+    start = clock.now()
+    times = [start + timedelta(milliseconds=300 * (i + 1)) for i in range(10)]
+    for i, at in enumerate(times):
+        durable_agent.submit(host=host, thread="t", agent="echo", payload=i, not_before=at)
+
+    run_pass(host)
+    for i, at in enumerate(times):
+        assert alarm.scheduled(host) == at
+        clock.set(at)
+        run_pass(host)
+        assert calls[-1] == ("echo", i)

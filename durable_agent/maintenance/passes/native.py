@@ -57,6 +57,9 @@ Note [Delayed heads]
     needs no outside mutation, only time: the checkpoint keeps the generation unacknowledged
     and the native lane due at the earliest such ``not_before`` (never sooner, and without the
     no-progress backoff when nothing else is autonomous), so the pass at that time attempts it.
+    Waiting for a time is not a stall: when nothing else is autonomous the checkpoint also
+    drops the floor and stall count the native claim set (1 s, doubling), so a head due 100 ms
+    from now starts at its time, not at the claim's floor.
 """
 
 from __future__ import annotations
@@ -451,7 +454,7 @@ def checkpoint(step: Pass) -> None:
             due = now + _min_delay()
         else:
             due = None
-        tx.queue.checkpoint_native(due)
+        tx.queue.checkpoint_native(due, on_time=bool(timed) and not untimed and not overlap)
         return due
 
     failpoints.hit("maintenance:checkpoint:before")

@@ -187,11 +187,18 @@ class DueQueue:
             )
         return self.set(after.replace(revision=row.revision + 1))
 
-    def checkpoint_native(self, due_at: datetime | None) -> None:
-        """Set the native lane's deadline (no revision bump: the native generation fences it)."""
+    def checkpoint_native(self, due_at: datetime | None, *, on_time: bool = False) -> None:
+        """Set the native lane's deadline (no revision bump: the native generation fences it).
+
+        ``on_time``: the only work left waits for a time (Note [Delayed heads] in
+        ``passes/native.py``), so the pass was not a stall: the claim's floor and stall count
+        are dropped and the lane is due exactly at ``due_at``.
+        """
         row = self.find(NATIVE)
         if row is None:
             return
+        if on_time and due_at is not None and not row.parked:
+            row = row.replace(stalls=0, not_before=None, reported=False)
         publication = self.find(PUBLICATION)
         if due_at is None:
             self.set(
