@@ -12,6 +12,7 @@ Note [Agents run as producers]
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,7 @@ from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Settlement
+from durable_agent.runtime.protocol import START_LEAD
 from durable_agent.text import unstorable
 
 logger = logging.getLogger("durable_agent.agents")
@@ -93,8 +95,12 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
     head = head_of(host, thread)
     if head is None or head.state != SubmissionState.READY or head.abort_requested_at:
         return None
-    if head.not_before is not None and head.not_before > clock.now():
-        return None  # Note [Delayed heads]
+    if head.not_before is not None:  # Note [Start delayed work at its time]
+        early = (head.not_before - clock.now()).total_seconds()
+        if early > START_LEAD.total_seconds():
+            return None
+        if early > 0:
+            time.sleep(early)
     spec = registry.lookup(head.agent, head.agent_version)
     if spec is None:
         raise BindingUnavailable(

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 import durable_agent
-from durable_agent.agents import delays
+from durable_agent.agents import attempts, delays
 from durable_agent.errors import InvalidDeadline, InvalidInput
 from durable_agent.maintenance import alarm, run_pass
 from durable_agent.models import Host, Submission
+from durable_agent.runtime.protocol import START_LEAD
 from durable_agent.testing import FakeClock
 from tests.agents.conftest import drain, generation
 
@@ -37,16 +38,16 @@ def test_delays__a_timedelta_starts_the_agent_at_its_time_never_sooner(
     assert row.not_before == start + timedelta(minutes=5)
     run_pass(host)  # the pass that classifies the new work
     assert calls == []
-    assert alarm.scheduled(host) == start + timedelta(minutes=5)
+    assert alarm.scheduled(host) == start + timedelta(minutes=5) - START_LEAD
     dirty, processed = generation(host) or (0, 0)
     assert dirty > processed  # the work is owed, only later
 
-    clock.set(start + timedelta(minutes=5) - timedelta(milliseconds=1))
+    clock.set(start + timedelta(minutes=5) - START_LEAD - timedelta(milliseconds=1))
     run_pass(host)  # an early pass (a stray delivery) does not start it
     assert calls == []
     slot = alarm.scheduled(host)
     assert slot is not None
-    assert slot >= start + timedelta(minutes=5)
+    assert slot >= start + timedelta(minutes=5) - START_LEAD
 
     drain(host, clock)
 
@@ -67,7 +68,7 @@ def test_delays__an_aware_datetime_and_the_followers_on_its_thread_wait(
 
     assert calls == [("echo", "other")]  # another thread is not held up
     assert outcome(behind.submission_id) == ("ready", None)
-    assert alarm.scheduled(host) == at
+    assert alarm.scheduled(host) == at - START_LEAD
 
     drain(host, clock)
 
@@ -151,8 +152,8 @@ def test_delays__a_sub_second_delay_is_due_at_its_time_not_at_the_claims_floor(
     run_pass(host)  # claims the native lane (its floor: 1 s), finds only a delayed head
 
     assert calls == []
-    assert alarm.scheduled(host) == at
-    clock.set(at)
+    assert alarm.scheduled(host) == at - START_LEAD
+    clock.set(at - START_LEAD)
     run_pass(host)
     assert calls == [("echo", 1)]
 
@@ -168,7 +169,35 @@ def test_delays__delays_in_turn_never_build_up_a_backoff(
 
     run_pass(host)
     for i, at in enumerate(times):
-        assert alarm.scheduled(host) == at
-        clock.set(at)
+        assert alarm.scheduled(host) == at - START_LEAD
+        clock.set(at - START_LEAD)
         run_pass(host)
         assert calls[-1] == ("echo", i)
+
+
+def test_delays__a_pass_within_the_lead_holds_the_agent_until_its_time(
+    host: Host, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [Start delayed work at its time]: begun up to the lead early, started on time."""
+    seen: list[datetime] = []
+
+    @durable_agent.agent("clock-reader", version="1")
+    def clock_reader(ctx: Any, payload: Any) -> None:
+        seen.append(clock.now())
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the hold, on the test's clock
+        slept.append(seconds)
+        clock.advance(ms=seconds * 1000)
+
+    monkeypatch.setattr(attempts.time, "sleep", sleep)
+    at = clock.now() + timedelta(seconds=10)
+    durable_agent.submit(host=host, thread="t", agent="clock-reader", payload=1, not_before=at)
+    run_pass(host)
+    clock.set(at - timedelta(milliseconds=20))
+
+    run_pass(host)
+
+    assert slept == [pytest.approx(0.02)]
+    assert seen == [at]

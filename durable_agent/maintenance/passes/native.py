@@ -55,7 +55,8 @@ Note [Delayed heads]
     A ``ready`` head whose ``not_before`` has not come (a delayed submission, a retry's next
     try) is not attempted, and the submissions behind it wait with it. Unlike a stable wait it
     needs no outside mutation, only time: the checkpoint keeps the generation unacknowledged
-    and the native lane due at the earliest such ``not_before`` (never sooner, and without the
+    and the native lane due at the earliest such ``not_before`` less the start lead (Note
+    [Start delayed work at its time] in ``durable_agent/runtime/protocol.py``; never sooner, and without the
     no-progress backoff when nothing else is autonomous), so the pass at that time attempts it.
     Waiting for a time is not a stall: when nothing else is autonomous the checkpoint also
     drops the floor and stall count the native claim set (1 s, doubling), so a head due 100 ms
@@ -386,8 +387,9 @@ def checkpoint(step: Pass) -> None:
         if head_waiting is None:
             delayed = item.delayed(seen)
             first_seen[item.thread] = waits or delayed
-            if delayed and not waits and item.not_before is not None:  # Note [Delayed heads]
-                timed.append(item.not_before)
+            due = item.pass_due()
+            if delayed and not waits and due is not None:  # Note [Delayed heads]
+                timed.append(due)
                 return False
         if head_waiting is True and item.state == "ready":
             return False  # Note [Followers behind a stable wait]
