@@ -20,6 +20,18 @@ Note [Buffered intent]
     On PostgreSQL the replay of usual intent is one call of a server-side function
     (``commit_function.py``, Note [The commit function]).
 
+Note [Prompt hint]
+    The slot a producer's commit arms is the durable backstop: no sooner than the minimum
+    alarm delay (50 ms) ahead. A commit that leaves work due now (source progress, a
+    ``schedule`` due at or before now; never maintenance's own ``native_source`` writes) also
+    sends a hint on PostgreSQL, ``pg_notify(PROMPT_CHANNEL, '<alarm cluster> <host id>')``, in
+    the same transaction (in the commit function's statement, or one statement more on the
+    Python path): PostgreSQL delivers it at the commit and drops it with a rollback. The
+    broker starts that host's pass at once (Note [Prompt start] in ``passes/run.py``). The
+    hint is droppable: lost with a crash after the commit, a listener that is down or a
+    cluster restarting, the slot still fires at its time. Upstream's ``schedule_now`` is the
+    same rule: a hint with no minimum delay beside the durable alarm (docs/pass.md).
+
 Size: the gate's frames, its replay and its commit path read together.
 """
 
@@ -192,6 +204,16 @@ def _replay(op: _Op, tx: AlarmTx) -> None:
     tx.checkpoint.earlier(op.now + conf.minimum_alarm_delay())
 
 
+def wants_prompt(ops: Iterable[_Op]) -> bool:
+    """Whether a commit of ``ops`` leaves work due now (Note [Prompt hint])."""
+    for op in ops:
+        if isinstance(op, ProgressOp) and not op.native_source:
+            return True
+        if isinstance(op, ScheduleOp) and op.due_at <= op.now:
+            return True
+    return False
+
+
 def _flush(frame: _Frame) -> None:
     by_host: dict[int, list[_Op]] = {}
     for op in frame.ops:
@@ -199,14 +221,17 @@ def _flush(frame: _Frame) -> None:
     server = commit_function.available()
     for host_id in sorted(by_host):  # one host at a time, in id order
         ops = by_host[host_id]
+        hint = commit_function.hints() and wants_prompt(ops)
         intent = commit_function.fold(host_id, list(ops)) if server else None
         if intent is not None:  # Note [The commit function]: one round trip
-            commit_function.commit(intent, "commit maintenance source intent")
+            commit_function.commit(intent, "commit maintenance source intent", hint=hint)
             continue
 
-        def replay(tx: AlarmTx, ops: list[_Op] = ops) -> None:
+        def replay(tx: AlarmTx, ops: list[_Op] = ops, hint: bool = hint) -> None:
             for op in ops:
                 _replay(op, tx)
+            if hint:
+                commit_function.send_hint(tx.host_id)
 
         # No savepoint: any failure here fails the whole source transaction anyway.
         run_alarm_transaction(host_id, "commit maintenance source intent", replay, join=True)
@@ -279,7 +304,14 @@ def schedule(
     if frame is not None:
         frame.ops.append(op)
         return
-    run_alarm_transaction(host_id, "schedule maintenance lane", lambda tx: _replay(op, tx))
+    hint = commit_function.hints() and wants_prompt([op])
+
+    def replay(tx: AlarmTx) -> None:
+        _replay(op, tx)
+        if hint:  # Note [Prompt hint]
+            commit_function.send_hint(host_id)
+
+    run_alarm_transaction(host_id, "schedule maintenance lane", replay)
 
 
 def record_progress(host: HostRef, lanes: Iterable[str] = ()) -> None:
