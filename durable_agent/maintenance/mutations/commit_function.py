@@ -5,6 +5,7 @@ folds one host's buffered intent into its arguments, or answers None when the in
 unusual and must take the Python path (``run_alarm_transaction``):
 
 - a schedule with a progress cursor (it compares cursors and may advance the generation);
+- progress due later than now (``record_progress(due_at=...)``: a delayed submission);
 - a deadline or a progress time before the epoch (the folding below is exact only from the
   epoch on, because enrollment never moves a lane below the epoch floor);
 - any database but PostgreSQL.
@@ -87,7 +88,7 @@ def fold(host_id: int, ops: list[object]) -> Intent | None:
             intent.call(op.lane, op.due_at, progress=False)
             intent.wake, intent.wake_after_lanes = op.now + delay, True
         elif isinstance(op, ProgressOp):
-            if op.now < EPOCH:
+            if op.now < EPOCH or op.later is not None:  # due later: the Python path
                 return None
             for lane in sorted(op.lanes):
                 intent.call(lane, op.now, progress=True)

@@ -56,6 +56,7 @@ from durable_agent.maintenance.mutations import commit_function
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     commit_failed,
+    no_sooner_than_minimum,
     producing_lanes,
     resolve_host_id,
     run_alarm_transaction,
@@ -148,14 +149,20 @@ class SourceTransaction:
         )
         self._frame.ops.append(_schedule_op(self._frame.host_id, lane, due_at, progress_cursor))
 
-    def record_progress(self, lanes: Iterable[str] = ()) -> None:
-        """Record committed source progress on ``lanes`` (and on the enclosing mutation's)."""
+    def record_progress(
+        self, lanes: Iterable[str] = (), *, due_at: datetime | None = None
+    ) -> None:
+        """Record committed source progress on ``lanes`` (and on the enclosing mutation's).
+
+        ``due_at``: the work it made is due only then (a delayed submission): the lanes are due
+        no later than it and the slot is armed for it, not for now; no prompt hint is sent.
+        """
         self._require_owner(
             "record source progress",
             "Source progress requires its authoritative transaction: call tx.record_progress "
             "inside its gate.transaction block",
         )
-        op = _progress_op(self._frame.host_id, lanes)
+        op = _progress_op(self._frame.host_id, lanes, due_at)
         if op is not None:
             self._frame.ops.append(op)
 
@@ -170,7 +177,9 @@ def _schedule_op(host_id: int, lane: str, due_at: datetime, cursor: int | None) 
     )
 
 
-def _progress_op(host_id: int, lanes: Iterable[str]) -> ProgressOp | None:
+def _progress_op(
+    host_id: int, lanes: Iterable[str], due_at: datetime | None = None
+) -> ProgressOp | None:
     if isinstance(lanes, str):
         raise InvalidInput("lanes must be a list of lane ids, not a string", lanes=lanes)
     affected = {validate_lane_id(lane) for lane in lanes}
@@ -181,7 +190,13 @@ def _progress_op(host_id: int, lanes: Iterable[str]) -> ProgressOp | None:
         affected.add(NATIVE)
     if not affected:
         return None
-    return ProgressOp(host_id, frozenset(affected), clock.now(), _native_source.get())
+    return ProgressOp(
+        host_id,
+        frozenset(affected),
+        clock.now(),
+        _native_source.get(),
+        None if due_at is None else validate_deadline(due_at),
+    )
 
 
 def _replay(op: _Op, tx: AlarmTx) -> None:
@@ -196,18 +211,19 @@ def _replay(op: _Op, tx: AlarmTx) -> None:
             tx.state.dirty += 1
         tx.pull_to_earliest(op.now)
         return
+    later = op.later
     for lane in sorted(op.lanes):
-        queue.dirty(lane, op.now, progress=True)
+        queue.dirty(lane, later or op.now, progress=True, keep_earlier=later is not None)
     if NATIVE in op.lanes and (not op.native_source or tx.retrying):
         tx.clear_retry()
         tx.state.dirty += 0 if op.native_source else 1
-    tx.checkpoint.earlier(op.now + conf.minimum_alarm_delay())
+    tx.checkpoint.earlier(no_sooner_than_minimum(later or op.now, op.now))
 
 
 def wants_prompt(ops: Iterable[_Op]) -> bool:
     """Whether a commit of ``ops`` leaves work due now (Note [Prompt hint])."""
     for op in ops:
-        if isinstance(op, ProgressOp) and not op.native_source:
+        if isinstance(op, ProgressOp) and not op.native_source and op.later is None:
             return True
         if isinstance(op, ScheduleOp) and op.due_at <= op.now:
             return True

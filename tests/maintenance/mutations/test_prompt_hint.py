@@ -114,3 +114,11 @@ def test_prompt_hint__names_the_alarm_cluster(listener: AlarmListener, host: Hos
             break
         wakes += more
     assert [(w.cluster, w.host) for w in wakes if w.host is not None] == [("east", host.pk)]
+
+
+def test_prompt_hint__progress_due_later_hints_nothing(listener: AlarmListener, host: Host) -> None:
+    """A delayed submission's progress: its slot is armed for its time, nobody is woken now."""
+    with gate.transaction(host) as tx:
+        tx.record_progress([NATIVE], due_at=timezone.now() + timedelta(seconds=5))
+
+    assert hinted(listener) == []
