@@ -23,8 +23,9 @@ dropped and created afresh). Scenarios, ``--count`` calls each:
   line after ``ctx.suspend_for_approval`` (its resumed run) minus the moment ``approve()``
   returned.
 
-Each cell is the median over ``--runs`` runs (a fresh cluster and fresh hosts per run) of the
-run's p50 and p99. Every error is counted and shown, nothing is retried: a call that raised,
+Each cell is the median over ``--runs`` runs (a fresh cluster and fresh hosts per run, warmed
+up by ``WARM_UP`` unmeasured submissions, as bench.peers warms up every system) of the run's
+p50 and p99. Every error is counted and shown, nothing is retried: a call that raised,
 work that never started (``missing``) or started twice (``duplicate``), a failed pass
 (``PassRecord.phase`` failed), a task django-q reports as failed, an ERROR the cluster logged
 (bench/faults.py).
@@ -67,6 +68,7 @@ from bench.common import cluster, machine, percentile, reset, setup, table, wait
 THREADS = 20  # the shared scenario's threads on its one host
 SETTLE = 1.0  # seconds to wait after the last start, for a late duplicate
 PATIENCE = 30.0  # seconds after the last call before missing work counts as missing
+WARM_UP = 6  # unmeasured submissions before the scenarios, so that every worker ran a pass
 SCENARIOS = {
     "hosts": "submit() -> agent, a host per submission",
     "shared": f"submit() -> agent, {THREADS} threads of one host",
@@ -271,6 +273,31 @@ def pass_errors(outcome: Outcome) -> None:
     outcome.errors["failed task"] += Task.objects.filter(success=False).count()
 
 
+def warm_up(stamps_dir: str, run: int) -> None:
+    """Submit ``WARM_UP`` fresh submissions 0.1 s apart and wait for their agents: every worker
+    has run a pass (its pool threads and their connections exist), as the peers' warm-up
+    (``bench/peers``) does for theirs. Not measured; a warm-up that never starts stops the run."""
+    import durable_agent
+
+    ids = []
+    for i, host in enumerate(make_hosts(f"i{run}-w", WARM_UP)):
+        ids.append(
+            str(
+                durable_agent.submit(
+                    host=host, thread="t", agent="bench-immediate", payload={"i": i}
+                ).submission_id
+            )
+        )
+        time.sleep(0.1)
+    started = wait_for(
+        lambda: all(read_stamps(stamps_dir, "agent").get(k) for k in ids),
+        timeout=PATIENCE,
+        interval=0.1,
+    )
+    if not started:
+        raise SystemExit("the warm-up submissions never started")
+
+
 def run_all(args: argparse.Namespace, run: int) -> dict[str, Outcome]:
     from durable_agent.models import PassRecord
 
@@ -281,6 +308,7 @@ def run_all(args: argparse.Namespace, run: int) -> dict[str, Outcome]:
     try:
         with cluster(workers=args.workers, env=env):
             time.sleep(4)  # let the cluster start
+            warm_up(stamps, run)
             for scenario in args.scenarios:
                 PassRecord.objects.all().delete()
                 if scenario == "hosts":

@@ -4,7 +4,9 @@ Migration 0009 adds a trigger on django-q's ``django_q_schedule``: when a row be
 (inserted armed, re-armed, or its ``next_run`` moved) with a ``next_run`` at most
 ``NOTIFY_WINDOW`` ahead of the clock, it calls ``pg_notify(CHANNEL, '<cluster> <epoch>')``.
 PostgreSQL delivers the notification when the arming transaction commits, so a listener learns
-of an alarm armed for "now" the moment it can be fired. Alarms armed further ahead cost no
+of an alarm armed for "now" the moment it can be fired. The same connection LISTENs on
+``PROMPT_CHANNEL``, the producers' prompt hints (``'<cluster> <host id>'``, Note [Prompt hint] in
+``durable_agent/maintenance/mutations/gate.py``). Alarms armed further ahead cost no
 notification: the broker's probe finds them in time (see Note [Wake at the deadline] in
 ``durable_agent/broker.py``).
 
@@ -27,6 +29,8 @@ from typing import Any
 logger = logging.getLogger("durable_agent.broker")
 
 CHANNEL = "durable_agent_alarm"
+PROMPT_CHANNEL = "durable_agent_prompt"  # Note [Prompt hint] in maintenance/mutations/gate.py
+LISTEN_SQL = f"LISTEN {CHANNEL}; LISTEN {PROMPT_CHANNEL}"  # one round trip
 NOTIFY_WINDOW_SECONDS = 2  # written into migration 0009's trigger
 RECONNECT_DELAY = 1.0
 
@@ -38,11 +42,17 @@ class Wake:
 
     cluster: str | None
     due: datetime | None
+    host: int | None = None  # a prompt hint: start this host's pass now
 
 
-def parse(payload: str) -> Wake | None:
-    """The ``'<cluster> <epoch seconds>'`` payload of the trigger, or None when malformed."""
+def parse(payload: str, channel: str = CHANNEL) -> Wake | None:
+    """The ``'<cluster> <epoch seconds>'`` payload of the trigger, or the ``'<cluster> <host
+    id>'`` of a prompt hint; None when malformed."""
     cluster, _, epoch = payload.rpartition(" ")
+    if channel == PROMPT_CHANNEL:
+        if not epoch.isdigit():
+            return None
+        return Wake(cluster or None, None, host=int(epoch))
     try:
         due = datetime.fromtimestamp(float(epoch), tz=UTC)
     except (ValueError, OverflowError):
@@ -73,7 +83,7 @@ class AlarmListener:
             params.pop(key, None)
         try:
             conn = psycopg.connect(**params, autocommit=True)
-            conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(LISTEN_SQL)
             self.backend_pid = conn.info.backend_pid
         except psycopg.Error:
             logger.warning("The alarm listener could not connect; retrying", exc_info=True)
@@ -107,7 +117,7 @@ class AlarmListener:
         wakes: list[Wake] = []
         try:
             for notify in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-                wake = parse(notify.payload)
+                wake = parse(notify.payload, notify.channel)
                 if wake is not None:
                     wakes.append(wake)
         except psycopg.Error:

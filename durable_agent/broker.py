@@ -63,6 +63,7 @@ from durable_agent.text import duration
 logger = logging.getLogger("durable_agent.broker")
 
 PROBE_INTERVAL = 0.1  # without notifications (SQLite, or the listener is down)
+PROMPT_TASK = "durable_agent.tasks.prompt_pass"
 LISTENING_PROBE_INTERVAL = 1.0  # with them: the trigger covers the next 2 s
 
 
@@ -154,6 +155,7 @@ class AlarmFiring:
     probe_interval = PROBE_INTERVAL
     listening_probe_interval = LISTENING_PROBE_INTERVAL
     listen = True  # a subclass or a test may turn the listener off
+    prompt = True  # start hinted hosts' passes at once (Note [Prompt start]); a test may not
 
     def _init_firing(self) -> None:
         self._next_probe = 0.0
@@ -167,6 +169,9 @@ class AlarmFiring:
         self._batch: list[Any] | None = None  # tasks held back during fire_alarm_batch
         self._enqueue_label: str | None = None  # Note [What a firing's enqueue returns]
         self._stop_wait: tuple[float, int] | None = None  # Note [A stopping cluster waits]
+        self._prompts: list[int] = []  # hosts hinted, not yet handed over (Note [Prompt start])
+        self._prompted: list[Any] = []
+        self._prompting = False
         self.listener: AlarmListener | None = None
         self._listener_checked = False
 
@@ -240,6 +245,9 @@ class AlarmFiring:
 
     def dequeue(self) -> Any:
         self.sweep_if_due()
+        prompted = self.prompt_tasks()
+        if prompted:
+            return prompted
         if self.fire_due_alarms():
             fired = self.claim_fired()
             if fired:
@@ -252,6 +260,36 @@ class AlarmFiring:
 
     def ready_tasks(self) -> Any:
         raise NotImplementedError
+
+    def prompt_tasks(self) -> list[Any]:
+        """A ``prompt_pass`` task for each host hinted since the last look, for this
+        cluster's own workers: no queue row, no slot firing (Note [Prompt start] in
+        ``durable_agent/maintenance/passes/run.py``). django-q's ``async_task`` builds each
+        task as for any other; ``enqueue`` hands it back here instead of queueing it."""
+        if not self._prompts:
+            return []
+        hosts = list(dict.fromkeys(self._prompts))
+        self._prompts, self._prompted, self._prompting = [], [], True
+        try:
+            for host in hosts:
+                async_task(
+                    PROMPT_TASK,
+                    host,
+                    q_options={"broker": self, "group": f"durable_agent:host:{host}"},
+                )
+        except Exception:  # a lost hint: the slot is the backstop
+            logger.exception("Starting prompt passes failed")
+        finally:
+            self._prompting = False
+        prompted, self._prompted = self._prompted, []
+        return prompted
+
+    def _take_prompt(self, task: Any) -> bool:
+        """Keep ``task`` for ``prompt_tasks`` when it is one of them (``enqueue`` asks)."""
+        if not self._prompting:
+            return False
+        self._prompted.append((None, task))  # no broker row: nothing to acknowledge
+        return True
 
     def queued_label(self) -> str:
         """What ``enqueue`` returns for a task whose row or push waits for the firing's commit.
@@ -451,7 +489,10 @@ class AlarmFiring:
             time.sleep(timeout)
             return
         for wake in listener.wait(timeout):
-            if wake.due is None:  # (re)connected: whatever was notified meanwhile is lost
+            if wake.host is not None:  # Note [Prompt start]
+                if self.prompt and _is_mine(wake):
+                    self._prompts.append(wake.host)
+            elif wake.due is None:  # (re)connected: whatever was notified meanwhile is lost
                 self._next_probe = 0.0
             elif _is_mine(wake):
                 self._learn(wake.due)
@@ -469,6 +510,8 @@ class AlarmBroker(AlarmFiring, ORM):  # type: ignore[misc]
         already claimed by it (its lock at ``now + retry``, as a dequeue would set it) and
         handed to the pusher when the scheduler's transaction commits (Note [Wake at the
         deadline])."""
+        if self._take_prompt(task):
+            return "(prompt pass)"
         if not self._keep_fired():
             return super().enqueue(task)
         if self._batch is not None:  # fire_alarm_batch inserts them together (flush_batch)

@@ -42,6 +42,8 @@ class AlarmRedisBroker(AlarmFiring, Redis):  # type: ignore[misc]
     def enqueue(self, task: Any) -> Any:
         """django-q's push; during a firing, at its commit, and a task this cluster keeps
         (``_keep_fired``) goes to this cluster's pusher without a round trip through Redis."""
+        if self._take_prompt(task):
+            return "(prompt pass)"
         if not self._firing:
             return super().enqueue(task)
         if self._keep_fired():

@@ -46,6 +46,26 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
         raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
 
 
+def prompt_pass(host_id: int, **_: Any) -> dict[str, Any]:
+    """Run the maintenance pass of ``host_id`` at once, for a prompt hint (Note [Prompt start]
+    in ``durable_agent/maintenance/passes/run.py``).
+
+    With nothing due (another cluster's pass, or the alarm's, got there first) or a pass
+    running it returns ``stale`` or ``busy`` and writes nothing; the host's slot stays the
+    backstop.
+
+    Raises:
+        PassError: the pass failed (it recorded itself and backed off), as ``fire_alarm``.
+    """
+    try:
+        return passes.run_pass(int(host_id), prompt=True).as_dict()
+    except HostNotFound:
+        return {"host": None, "phase": "stale"}
+    except Exception as exc:
+        logger.error("The pass of host %s failed", host_id, exc_info=True)
+        raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
+
+
 def hold_until(deadline: datetime) -> None:
     """Wait for ``deadline`` when the delivery arrived at most ``FIRE_AHEAD_MS`` before it
     (Note [Fire ahead, run at the deadline] in ``durable_agent/broker.py``); a delivery that

@@ -11,3 +11,16 @@ class NoProbeAlarmBroker(AlarmBroker):
 
     probe_interval = 3600.0
     listening_probe_interval = 3600.0
+    prompt = False  # the alarm's own notification is under test, not the prompt hint
+
+
+class NoPromptAlarmBroker(AlarmBroker):
+    """Ignores the prompt hints (a lost hint): every pass must come from the slot."""
+
+    prompt = False
+
+
+class NoListenAlarmBroker(AlarmBroker):
+    """No LISTEN connection (the listener down): the 0.1 s probe alone, as on SQLite."""
+
+    listen = False

@@ -473,7 +473,7 @@ def _listeners() -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
-            [f"LISTEN {alarm_listener.CHANNEL}"],
+            [alarm_listener.LISTEN_SQL],
         )
         return [row[0] for row in cursor.fetchall()]
 
@@ -573,3 +573,60 @@ def test_broker__listens_on_postgresql_only(db: None) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'")
         assert cursor.fetchone()[0] == 0  # migration 0009 created nothing here
+
+
+class _Hints:
+    """A stand-in listener that delivers the given wake-ups once."""
+
+    def __init__(self, *wakes: Wake) -> None:
+        self.wakes = list(wakes)
+
+    def wait(self, timeout: float) -> list[Wake]:
+        wakes, self.wakes = self.wakes, []
+        return wakes
+
+
+def _hinted_broker(*wakes: Wake, prompt: bool = True) -> AlarmBroker:
+    broker = AlarmBroker()
+    broker.prompt = prompt
+    broker._next_sweep = float("inf")
+    broker._listener_checked = True
+    broker.listener = _Hints(*wakes)  # type: ignore[assignment]
+    broker.wait(0.0)
+    return broker
+
+
+def test_prompt__a_hint_is_handed_over_as_one_prompt_pass_task_without_a_queue_row(
+    db: None,
+) -> None:
+    """Note [Prompt start]: two hints for one host and one for another, in one wait."""
+    from django_q.signing import SignedPackage
+
+    broker = _hinted_broker(Wake(None, None, host=7), Wake(None, None, host=7), Wake(None, None, host=9))
+
+    handed = broker.dequeue()
+
+    assert [ack for ack, _ in handed] == [None, None]  # nothing to acknowledge
+    packages = [SignedPackage.loads(payload) for _, payload in handed]
+    assert [(p["func"], p["args"]) for p in packages] == [
+        ("durable_agent.tasks.prompt_pass", (7,)),
+        ("durable_agent.tasks.prompt_pass", (9,)),
+    ]
+    assert packages[0]["group"] == "durable_agent:host:7"
+    assert OrmQ.objects.count() == 0
+    assert broker.prompt_tasks() == []  # handed over once
+
+
+def test_prompt__hints_for_another_cluster_or_with_prompt_off_are_ignored(db: None) -> None:
+    assert _hinted_broker(Wake("other", None, host=7)).prompt_tasks() == []
+    assert _hinted_broker(Wake(None, None, host=7), prompt=False).prompt_tasks() == []
+    mine = _hinted_broker(Wake(None, None, host=7))
+    assert len(mine.prompt_tasks()) == 1
+
+
+def test_listener__parses_a_prompt_hint() -> None:
+    assert alarm_listener.parse(" 42", alarm_listener.PROMPT_CHANNEL) == Wake(None, None, host=42)
+    assert alarm_listener.parse("east 42", alarm_listener.PROMPT_CHANNEL) == Wake(
+        "east", None, host=42
+    )
+    assert alarm_listener.parse("east x", alarm_listener.PROMPT_CHANNEL) is None

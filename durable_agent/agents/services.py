@@ -55,6 +55,7 @@ from durable_agent.models import (
     Thread,
 )
 from durable_agent.models.ledger import MAX_IDEMPOTENCY_KEY_LENGTH, MAX_THREAD_KEY_LENGTH
+from durable_agent.runtime.protocol import START_LEAD
 from durable_agent.text import check_text, validate_reason
 
 __all__ = [
@@ -293,7 +294,9 @@ def submit(
             created_at=now,
             updated_at=now,
         )
-        tx.record_progress([NATIVE])
+        # A delayed submission is due when its pass should begin (Note [Start delayed work
+        # at its time]): its slot is armed for then, and no prompt hint goes out now.
+        tx.record_progress([NATIVE], due_at=None if start_at is None else start_at - START_LEAD)
     return _receipt(row, thread_key, created=True)
 
 

@@ -177,3 +177,9 @@ class ProgressOp:
     lanes: frozenset[str]
     now: datetime
     native_source: bool
+    due_at: datetime | None = None  # the work is due later than now (a delayed submission)
+
+    @property
+    def later(self) -> datetime | None:
+        """When the work is due, if that is after ``now``; None: due now."""
+        return self.due_at if self.due_at is not None and self.due_at > self.now else None

@@ -11,7 +11,8 @@ import durable_agent
 from durable_agent.agents import attempts, delays
 from durable_agent.errors import InvalidDeadline, InvalidInput
 from durable_agent.maintenance import alarm, run_pass
-from durable_agent.models import Host, Submission
+from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.models import DueLane, Host, Submission
 from durable_agent.runtime.protocol import START_LEAD
 from durable_agent.testing import FakeClock
 from tests.agents.conftest import drain, generation
@@ -201,3 +202,36 @@ def test_delays__a_pass_within_the_lead_holds_the_agent_until_its_time(
 
     assert slept == [pytest.approx(0.02)]
     assert seen == [at]
+
+
+def test_delays__the_submit_arms_the_slot_for_the_start_not_for_now(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    """One pass per delayed submission: its commit arms the slot for when its pass begins."""
+    at = clock.now() + timedelta(seconds=30)
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1, not_before=at)
+
+    assert alarm.scheduled(host) == at - START_LEAD
+    dirty, processed = generation(host) or (0, 0)
+    assert dirty > processed  # owed, and armed for it
+
+    reports = drain(host, clock)
+
+    assert calls == [("echo", 1)]
+    assert [r.phase for r in reports] == ["actionable"]
+
+
+def test_delays__a_delayed_submission_never_delays_work_already_due(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    now = clock.now()
+    durable_agent.submit(host=host, thread="a", agent="echo", payload="now")
+    durable_agent.submit(
+        host=host, thread="b", agent="echo", payload="later", not_before=now + timedelta(hours=1)
+    )
+
+    assert DueLane.objects.get(host=host, lane=NATIVE).due_at == now  # not an hour later
+    assert alarm.scheduled(host) == now + timedelta(milliseconds=50)  # the minimum delay
+    clock.set(now + timedelta(milliseconds=50))
+    run_pass(host)
+    assert calls == [("echo", "now")]

@@ -14,6 +14,7 @@ from durable_agent.agents.errors import AgentAlreadyRegistered
 from durable_agent.errors import InvalidInput
 from durable_agent.maintenance import alarm, run_pass
 from durable_agent.models import Host, Submission, SubmissionState
+from durable_agent.runtime.protocol import START_LEAD
 from durable_agent.testing import FakeClock, fake_random
 from tests.agents.conftest import drain
 
@@ -60,11 +61,11 @@ def test_retries__a_retried_failure_waits_in_the_due_queue_then_completes(
     assert row.error["message"] == "attempt 1"
     # b = min(cap 25, 10 * 2**0) = 10 s, jittered into [5, 10]: 7.5 s with jitter 0.5
     assert row.not_before == start + timedelta(seconds=7.5)
-    assert alarm.scheduled(host) == row.not_before  # the due queue holds the next try
+    assert alarm.scheduled(host) == row.not_before - START_LEAD  # the next try, begun on time
 
-    clock.set(row.not_before - timedelta(milliseconds=1))
+    clock.set(row.not_before - START_LEAD - timedelta(milliseconds=1))
     run_pass(host)
-    assert seen == [1]  # never sooner
+    assert seen == [1]  # never sooner (within the lead the attempt is held until its time)
 
     with fake_random(0.0):
         clock.set(row.not_before)

@@ -48,7 +48,7 @@ def _listeners() -> int:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND query = %s",
-            [f"LISTEN {alarm_listener.CHANNEL}"],
+            [alarm_listener.LISTEN_SQL],
         )
         return int(cursor.fetchone()[0])
 

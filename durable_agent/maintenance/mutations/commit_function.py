@@ -5,6 +5,7 @@ folds one host's buffered intent into its arguments, or answers None when the in
 unusual and must take the Python path (``run_alarm_transaction``):
 
 - a schedule with a progress cursor (it compares cursors and may advance the generation);
+- progress due later than now (``record_progress(due_at=...)``: a delayed submission);
 - a deadline or a progress time before the epoch (the folding below is exact only from the
   epoch on, because enrollment never moves a lane below the epoch floor);
 - any database but PostgreSQL.
@@ -42,6 +43,9 @@ SQL = (
     "SELECT durable_agent_commit_intent(%s, %s::text[], %s::timestamptz[], %s::integer[], "
     "%s::boolean[], %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+#: The channel of the prompt hint (Note [Prompt hint] in ``gate.py``).
+PROMPT_CHANNEL = "durable_agent_prompt"
+HINT_SQL = ", pg_notify(%s, %s)"
 # Tests turn the function off to run the Python path on PostgreSQL too.
 enabled = True
 
@@ -84,7 +88,7 @@ def fold(host_id: int, ops: list[object]) -> Intent | None:
             intent.call(op.lane, op.due_at, progress=False)
             intent.wake, intent.wake_after_lanes = op.now + delay, True
         elif isinstance(op, ProgressOp):
-            if op.now < EPOCH:
+            if op.now < EPOCH or op.later is not None:  # due later: the Python path
                 return None
             for lane in sorted(op.lanes):
                 intent.call(lane, op.now, progress=True)
@@ -102,8 +106,26 @@ def available() -> bool:
     return enabled and connections[router.db_for_write(MaintenanceState)].vendor == "postgresql"
 
 
-def commit(intent: Intent, operation: str) -> int:
-    """Apply ``intent`` in the caller's transaction; return the lane rows written.
+def hints() -> bool:
+    """Whether commits send the prompt hint: on PostgreSQL (SQLite has no notifications)."""
+    return connections[router.db_for_write(MaintenanceState)].vendor == "postgresql"
+
+
+def hint_payload(host_id: int) -> str:
+    """``'<alarm cluster> <host id>'``: the cluster whose broker runs the host's slot."""
+    return f"{conf.alarm_cluster() or ''} {host_id}"
+
+
+def send_hint(host_id: int) -> None:
+    """Send the prompt hint in the current transaction (PostgreSQL; Note [Prompt hint])."""
+    connection = connections[router.db_for_write(MaintenanceState)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [PROMPT_CHANNEL, hint_payload(host_id)])
+
+
+def commit(intent: Intent, operation: str, *, hint: bool = False) -> int:
+    """Apply ``intent`` in the caller's transaction; return the lane rows written. With
+    ``hint``, the same statement sends the prompt hint (Note [Prompt hint] in ``gate.py``).
 
     Errors are those of ``run_alarm_transaction``: ``HostNotFound``, ``RevisionConflict``,
     else ``AlarmError(operation, ...)``. ``maintenance:queue:flush`` is passed after the call
@@ -132,7 +154,10 @@ def commit(intent: Intent, operation: str) -> int:
     ]
     try:
         with connection.cursor() as cursor:
-            cursor.execute(SQL, params)
+            if hint:
+                cursor.execute(SQL + HINT_SQL, [*params, PROMPT_CHANNEL, hint_payload(intent.host_id)])
+            else:
+                cursor.execute(SQL, params)
             row = cursor.fetchone()
         written = int(row[0]) if row is not None else 0
         if written:

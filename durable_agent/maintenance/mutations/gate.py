@@ -20,6 +20,18 @@ Note [Buffered intent]
     On PostgreSQL the replay of usual intent is one call of a server-side function
     (``commit_function.py``, Note [The commit function]).
 
+Note [Prompt hint]
+    The slot a producer's commit arms is the durable backstop: no sooner than the minimum
+    alarm delay (50 ms) ahead. A commit that leaves work due now (source progress, a
+    ``schedule`` due at or before now; never maintenance's own ``native_source`` writes) also
+    sends a hint on PostgreSQL, ``pg_notify(PROMPT_CHANNEL, '<alarm cluster> <host id>')``, in
+    the same transaction (in the commit function's statement, or one statement more on the
+    Python path): PostgreSQL delivers it at the commit and drops it with a rollback. The
+    broker starts that host's pass at once (Note [Prompt start] in ``passes/run.py``). The
+    hint is droppable: lost with a crash after the commit, a listener that is down or a
+    cluster restarting, the slot still fires at its time. Upstream's ``schedule_now`` is the
+    same rule: a hint with no minimum delay beside the durable alarm (docs/pass.md).
+
 Size: the gate's frames, its replay and its commit path read together.
 """
 
@@ -44,6 +56,7 @@ from durable_agent.maintenance.mutations import commit_function
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     commit_failed,
+    no_sooner_than_minimum,
     producing_lanes,
     resolve_host_id,
     run_alarm_transaction,
@@ -136,14 +149,20 @@ class SourceTransaction:
         )
         self._frame.ops.append(_schedule_op(self._frame.host_id, lane, due_at, progress_cursor))
 
-    def record_progress(self, lanes: Iterable[str] = ()) -> None:
-        """Record committed source progress on ``lanes`` (and on the enclosing mutation's)."""
+    def record_progress(
+        self, lanes: Iterable[str] = (), *, due_at: datetime | None = None
+    ) -> None:
+        """Record committed source progress on ``lanes`` (and on the enclosing mutation's).
+
+        ``due_at``: the work it made is due only then (a delayed submission): the lanes are due
+        no later than it and the slot is armed for it, not for now; no prompt hint is sent.
+        """
         self._require_owner(
             "record source progress",
             "Source progress requires its authoritative transaction: call tx.record_progress "
             "inside its gate.transaction block",
         )
-        op = _progress_op(self._frame.host_id, lanes)
+        op = _progress_op(self._frame.host_id, lanes, due_at)
         if op is not None:
             self._frame.ops.append(op)
 
@@ -158,7 +177,9 @@ def _schedule_op(host_id: int, lane: str, due_at: datetime, cursor: int | None) 
     )
 
 
-def _progress_op(host_id: int, lanes: Iterable[str]) -> ProgressOp | None:
+def _progress_op(
+    host_id: int, lanes: Iterable[str], due_at: datetime | None = None
+) -> ProgressOp | None:
     if isinstance(lanes, str):
         raise InvalidInput("lanes must be a list of lane ids, not a string", lanes=lanes)
     affected = {validate_lane_id(lane) for lane in lanes}
@@ -169,7 +190,13 @@ def _progress_op(host_id: int, lanes: Iterable[str]) -> ProgressOp | None:
         affected.add(NATIVE)
     if not affected:
         return None
-    return ProgressOp(host_id, frozenset(affected), clock.now(), _native_source.get())
+    return ProgressOp(
+        host_id,
+        frozenset(affected),
+        clock.now(),
+        _native_source.get(),
+        None if due_at is None else validate_deadline(due_at),
+    )
 
 
 def _replay(op: _Op, tx: AlarmTx) -> None:
@@ -184,12 +211,23 @@ def _replay(op: _Op, tx: AlarmTx) -> None:
             tx.state.dirty += 1
         tx.pull_to_earliest(op.now)
         return
+    later = op.later
     for lane in sorted(op.lanes):
-        queue.dirty(lane, op.now, progress=True)
+        queue.dirty(lane, later or op.now, progress=True, keep_earlier=later is not None)
     if NATIVE in op.lanes and (not op.native_source or tx.retrying):
         tx.clear_retry()
         tx.state.dirty += 0 if op.native_source else 1
-    tx.checkpoint.earlier(op.now + conf.minimum_alarm_delay())
+    tx.checkpoint.earlier(no_sooner_than_minimum(later or op.now, op.now))
+
+
+def wants_prompt(ops: Iterable[_Op]) -> bool:
+    """Whether a commit of ``ops`` leaves work due now (Note [Prompt hint])."""
+    for op in ops:
+        if isinstance(op, ProgressOp) and not op.native_source and op.later is None:
+            return True
+        if isinstance(op, ScheduleOp) and op.due_at <= op.now:
+            return True
+    return False
 
 
 def _flush(frame: _Frame) -> None:
@@ -199,14 +237,17 @@ def _flush(frame: _Frame) -> None:
     server = commit_function.available()
     for host_id in sorted(by_host):  # one host at a time, in id order
         ops = by_host[host_id]
+        hint = commit_function.hints() and wants_prompt(ops)
         intent = commit_function.fold(host_id, list(ops)) if server else None
         if intent is not None:  # Note [The commit function]: one round trip
-            commit_function.commit(intent, "commit maintenance source intent")
+            commit_function.commit(intent, "commit maintenance source intent", hint=hint)
             continue
 
-        def replay(tx: AlarmTx, ops: list[_Op] = ops) -> None:
+        def replay(tx: AlarmTx, ops: list[_Op] = ops, hint: bool = hint) -> None:
             for op in ops:
                 _replay(op, tx)
+            if hint:
+                commit_function.send_hint(tx.host_id)
 
         # No savepoint: any failure here fails the whole source transaction anyway.
         run_alarm_transaction(host_id, "commit maintenance source intent", replay, join=True)
@@ -279,7 +320,14 @@ def schedule(
     if frame is not None:
         frame.ops.append(op)
         return
-    run_alarm_transaction(host_id, "schedule maintenance lane", lambda tx: _replay(op, tx))
+    hint = commit_function.hints() and wants_prompt([op])
+
+    def replay(tx: AlarmTx) -> None:
+        _replay(op, tx)
+        if hint:  # Note [Prompt hint]
+            commit_function.send_hint(host_id)
+
+    run_alarm_transaction(host_id, "schedule maintenance lane", replay)
 
 
 def record_progress(host: HostRef, lanes: Iterable[str] = ()) -> None:

@@ -14,6 +14,13 @@ Note [Select again after recovery]
     refill: when the first selection dispatched nothing and the backlog was swept, the pass
     observes and selects once more before its checkpoint.
 
+Note [Wait for a head due within the minimum delay]
+    A delayed head (Note [Delayed heads]) that comes due less than the minimum alarm delay
+    after the attempts of this pass would wait for a slot armed no sooner than that delay: up
+    to 50 ms late. So the pass, which holds the lease already, sleeps until it is due (at most
+    the minimum delay) and then observes and selects once more, as after recovery. A head
+    due later is left to the slot.
+
 Observe: scan the ledger, discover work owners, pick each thread's head.
 
 Note [An unknown head does not hold up its thread]
@@ -68,6 +75,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -97,11 +105,29 @@ def run_native(p: Pass) -> None:
     view = observe(p)
     selected, backlog = select(p, view)
     dispatch(p, view, selected, backlog)
-    if backlog and not selected and clock.now() < p.yield_at:
+    soon = coming_due(view)
+    if ((backlog and not selected) or soon is not None) and clock.now() < p.yield_at:
+        if soon is not None:  # Note [Wait for a head due within the minimum delay]
+            time.sleep(max(0.0, (soon - clock.now()).total_seconds()))
         view = observe(p)  # Note [Select again after recovery]
         selected, _ = select(p, view)
         dispatch(p, view, selected, [])
     checkpoint(p)
+
+
+def coming_due(view: View) -> datetime | None:
+    """The earliest time a delayed head becomes due, when that is within the minimum alarm
+    delay (Note [Wait for a head due within the minimum delay]); else None."""
+    now = clock.now()
+    due = [
+        at
+        for head in view.heads.values()
+        if head.delayed(view.selection_time)  # not attempted: delayed when selected
+        and not view.waiting(head)
+        and (at := head.pass_due()) is not None
+        and at - now <= _min_delay()
+    ]
+    return min(due, default=None)
 
 
 DISCOVERY_LIMIT = 32
@@ -118,6 +144,7 @@ class View:
     eligible: list[str]
     waits: list[BindingRetry]
     waiting: Callable[[WorkItem], bool]
+    selection_time: datetime
 
 
 def observe(step: Pass) -> View:
@@ -177,6 +204,7 @@ def observe(step: Pass) -> View:
         eligible=eligible,
         waits=waits,
         waiting=waiting,
+        selection_time=selection_time,
     )
 
 

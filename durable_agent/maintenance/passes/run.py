@@ -12,6 +12,19 @@ The phases live beside it: ``ensure.py`` (the registry check, lane registration 
 notices it shares with ``ensure_alarm``), ``native.py`` (the native step), ``waves.py`` (every
 lane wave: a caught-up pass's nothing or one wave, the waves around the native step) and
 ``finish.py`` (the finish decision, ``rearm_failure``, ``PassReport`` and its row).
+
+Note [Prompt start]
+    A producer's commit that leaves work due now sends a hint (Note [Prompt hint] in
+    ``mutations/gate.py``); every cluster whose broker runs the host's slot hands its workers
+    a ``prompt_pass`` task at once (``durable_agent/broker.py`` ``prompt_tasks``), which runs
+    ``run_pass(host, prompt=True)``. Such a pass is an ordinary pass begun by the same
+    ``begin``, except that ``take`` ignores the slot (it holds the backstop, armed at the
+    minimum delay) and writes nothing when nothing is due (another cluster's prompt pass, or
+    the alarm's, got there first: ``stale``) or another pass holds the lease (``busy``, not
+    recorded: that pass re-arms the slot when it finishes). The lease decides which of
+    several clusters runs it. When a prompt pass takes the lease, its begin moves the slot as
+    any begin does, so the backstop does not fire behind it; when the hint is lost (a crash
+    after the commit, the listener down, a cluster restarting) the slot fires at its time.
 """
 
 from __future__ import annotations
@@ -74,7 +87,11 @@ log_extra = observability.log_extra
 
 
 def run_pass(
-    host: Host | str | int, *, deadline: datetime | None = None, guard: bool = False
+    host: Host | str | int,
+    *,
+    deadline: datetime | None = None,
+    guard: bool = False,
+    prompt: bool = False,
 ) -> PassReport:
     """Run one maintenance pass of ``host`` and record it, in a ``durable_agent.pass`` span.
 
@@ -83,6 +100,8 @@ def run_pass(
         deadline: the alarm deadline this pass was fired for (for the lateness figure).
         guard: apply the early-fire guard (alarm deliveries): a delivery whose slot moved
             later, or with nothing due, returns phase ``stale`` and runs nothing.
+        prompt: a prompt start (Note [Prompt start]): with nothing due it returns ``stale``,
+            and while another pass holds the lease ``busy``, both without writing anything.
 
     Raises:
         Whatever failed the pass, after ``rearm_failure`` scheduled durable recovery; a
@@ -91,7 +110,7 @@ def run_pass(
     """
     with observability.span("durable_agent.pass") as current:
         try:
-            report = _run_pass(host, slot_time=deadline, guard=guard)
+            report = _run_pass(host, slot_time=deadline, guard=guard, prompt=prompt)
         except BaseException as exc:
             if isinstance(exc, Exception) or is_stop(exc):
                 raise
@@ -101,10 +120,12 @@ def run_pass(
         return report
 
 
-def _run_pass(host: Host | str | int, *, slot_time: datetime | None, guard: bool) -> PassReport:
+def _run_pass(
+    host: Host | str | int, *, slot_time: datetime | None, guard: bool, prompt: bool = False
+) -> PassReport:
     # An id is read by the pass's first transaction (with the lanes), not by a query before it.
     ref = host if isinstance(host, int) and not isinstance(host, bool) else _host(host)
-    p = Pass(ref, get_runtime(), clock.now(), slot_time=slot_time, guard=guard)
+    p = Pass(ref, get_runtime(), clock.now(), slot_time=slot_time, guard=guard, prompt=prompt)
     begin(p)
     taken = p.lease
     if isinstance(taken, Stale):
@@ -116,7 +137,8 @@ def _run_pass(host: Host | str | int, *, slot_time: datetime | None, guard: bool
         return PassReport(host=p.host.key, phase="stale", lateness_ms=p.lateness_ms)
     if isinstance(taken, Busy):
         report = PassReport(host=p.host.key, phase=PassPhase.BUSY.value, lateness_ms=p.lateness_ms)
-        record(p.host, p.started_at, report, deadline=slot_time)
+        if not prompt:  # Note [Prompt start]: a hint that finds a pass running writes nothing
+            record(p.host, p.started_at, report, deadline=slot_time)
         return report
     assert isinstance(taken, Lease)
     if p.finished:  # Note [Nothing or one wave to run]
@@ -232,7 +254,7 @@ def begin(p: Pass) -> None:
     def fn(tx: AlarmTx) -> None:
         state, queue = tx.state, tx.queue
         p.host = state.host
-        p.lease = taken = take(tx, now, fired_for=fired_for)
+        p.lease = taken = take(tx, now, fired_for=fired_for, prompt=p.prompt)
         if not isinstance(taken, Lease):
             return
         active, p.producing = tx.producing_lanes(now)

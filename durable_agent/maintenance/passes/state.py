@@ -54,6 +54,7 @@ class Pass:
     started_at: datetime
     slot_time: datetime | None = None
     guard: bool = False  # an alarm delivery: the early-fire guard applies
+    prompt: bool = False  # a prompt start (Note [Prompt start] in ``passes/run.py``)
     host: Host = field(init=False)  # set by begin
     yield_at: datetime = field(init=False)
     dispatch_end: datetime = field(init=False)
@@ -148,19 +149,22 @@ class Stale:
     reason: str
 
 
-def take(tx: AlarmTx, now: datetime, *, fired_for: datetime | None = None) -> Lease | Busy | Stale:
+def take(
+    tx: AlarmTx, now: datetime, *, fired_for: datetime | None = None, prompt: bool = False
+) -> Lease | Busy | Stale:
     """Take the host's pass lease inside an alarm transaction, or say why not.
 
     Arms the slot no later than the lease's expiry. With ``fired_for`` (the deadline an alarm
     delivery carries) this is also the early-fire guard: when the slot now holds a later time,
     or nothing is due, the delivery changes nothing but making sure the slot holds the
-    earliest lane deadline.
+    earliest lane deadline. A ``prompt`` start (Note [Prompt start] in ``passes/run.py``)
+    ignores the slot, which holds the backstop, and writes nothing unless it takes the lease.
     """
     state, checkpoint = tx.state, tx.checkpoint
     host_id = tx.host_id
-    if fired_for is not None:
+    if fired_for is not None or prompt:
         earliest = tx.queue.next()
-        if checkpoint.current is not None and checkpoint.current > now:
+        if not prompt and checkpoint.current is not None and checkpoint.current > now:
             return Stale(host_id, "the slot holds a later time")
         due = (
             state.dirty > state.processed
@@ -168,10 +172,13 @@ def take(tx: AlarmTx, now: datetime, *, fired_for: datetime | None = None) -> Le
             or (earliest is not None and earliest <= now)
         )
         if not due:
-            # This delivery consumed the slot: it now holds the earliest future deadline.
-            tx.arm_at_earliest(now)
+            if not prompt:
+                # This delivery consumed the slot: it now holds the earliest future deadline.
+                tx.arm_at_earliest(now)
             return Stale(host_id, "nothing is due")
     held = state.pass_lease_expires_at
+    if prompt and state.pass_lease_owner and held is not None and held > now:
+        return Busy(host_id, state.pass_lease_owner, held)  # the slot keeps the backstop
     if state.pass_lease_owner and held is not None and held > now:
         # This delivery consumed a due slot: wake again when the running lease expires (the
         # running pass re-arms the slot itself when it finishes).

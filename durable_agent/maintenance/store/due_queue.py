@@ -91,11 +91,14 @@ class DueQueue:
         *,
         progress: bool = False,
         progress_key: str | None = None,
+        keep_earlier: bool = False,
     ) -> Lane:
         """Enroll ``lane`` for ``due_at``.
 
         Without progress this never accelerates a lane below its retry floor and keeps a parked
         lane parked; source progress replenishes the budget (stalls, floor and report reset).
+        ``keep_earlier`` (progress due later than now): a deadline the lane already has that
+        is sooner is kept.
         """
         validate_lane_id(lane)
         due_at = validate_deadline(due_at)
@@ -104,7 +107,9 @@ class DueQueue:
         self._requested[lane] = earliest
         if row is None:
             return self.set(Lane(lane=lane, revision=1, due_at=earliest, progress_key=progress_key))
-        if progress:
+        if progress and keep_earlier and row.due_at is not None:
+            due = min(row.due_at, earliest)  # progress due later never delays what is due
+        elif progress:
             due = earliest
         else:
             current = row.due_at if row.due_at is not None else earliest
