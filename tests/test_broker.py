@@ -602,7 +602,9 @@ def test_prompt__a_hint_is_handed_over_as_one_prompt_pass_task_without_a_queue_r
     """Note [Prompt start]: two hints for one host and one for another, in one wait."""
     from django_q.signing import SignedPackage
 
-    broker = _hinted_broker(Wake(None, None, host=7), Wake(None, None, host=7), Wake(None, None, host=9))
+    broker = _hinted_broker(
+        Wake(None, None, host=7), Wake(None, None, host=7), Wake(None, None, host=9)
+    )
 
     handed = broker.dequeue()
 

@@ -155,7 +155,9 @@ def commit(intent: Intent, operation: str, *, hint: bool = False) -> int:
     try:
         with connection.cursor() as cursor:
             if hint:
-                cursor.execute(SQL + HINT_SQL, [*params, PROMPT_CHANNEL, hint_payload(intent.host_id)])
+                cursor.execute(
+                    SQL + HINT_SQL, [*params, PROMPT_CHANNEL, hint_payload(intent.host_id)]
+                )
             else:
                 cursor.execute(SQL, params)
             row = cursor.fetchone()

@@ -149,9 +149,7 @@ class SourceTransaction:
         )
         self._frame.ops.append(_schedule_op(self._frame.host_id, lane, due_at, progress_cursor))
 
-    def record_progress(
-        self, lanes: Iterable[str] = (), *, due_at: datetime | None = None
-    ) -> None:
+    def record_progress(self, lanes: Iterable[str] = (), *, due_at: datetime | None = None) -> None:
         """Record committed source progress on ``lanes`` (and on the enclosing mutation's).
 
         ``due_at``: the work it made is due only then (a delayed submission): the lanes are due

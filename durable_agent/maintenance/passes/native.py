@@ -63,8 +63,9 @@ Note [Delayed heads]
     try) is not attempted, and the submissions behind it wait with it. Unlike a stable wait it
     needs no outside mutation, only time: the checkpoint keeps the generation unacknowledged
     and the native lane due at the earliest such ``not_before`` less the start lead (Note
-    [Start delayed work at its time] in ``durable_agent/runtime/protocol.py``; never sooner, and without the
-    no-progress backoff when nothing else is autonomous), so the pass at that time attempts it.
+    [Start delayed work at its time] in ``durable_agent/runtime/protocol.py``; never sooner,
+    and without the no-progress backoff when nothing else is autonomous), so the pass at that
+    time attempts it.
     Waiting for a time is not a stall: when nothing else is autonomous the checkpoint also
     drops the floor and stall count the native claim set (1 s, doubling), so a head due 100 ms
     from now starts at its time, not at the claim's floor.
