@@ -10,10 +10,11 @@ import pytest
 
 import durable_agent
 from durable_agent import tasks
-from durable_agent.maintenance import alarm, run_pass
+from durable_agent.errors import PassError
+from durable_agent.maintenance import alarm, failpoints, run_pass
 from durable_agent.models import Host, MaintenanceState, PassRecord, Submission
 from durable_agent.testing import FakeClock
-from tests.agents.conftest import generation
+from tests.agents.conftest import drain, generation
 
 pytestmark = pytest.mark.django_db
 
@@ -89,3 +90,31 @@ def test_prompt_start__an_alarm_delivery_for_the_backstop_then_finds_nothing(
 
     assert report.phase == "stale"
     assert calls == [("echo", 1)]  # once
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "maintenance:begin:before",
+        "maintenance:begin:after",
+        "maintenance:select:before",
+        "maintenance:checkpoint:before",
+        "maintenance:finish:before",
+    ],
+)
+def test_prompt_start__a_prompt_pass_that_fails_anywhere_leaves_the_work_to_the_slot(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any], location: str
+) -> None:
+    """Goal: the backstop is unchanged when the prompt path is lost mid-way."""
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    with failpoints.installed(failpoints.raise_at(location)), pytest.raises(PassError):
+        tasks.prompt_pass(host.pk)
+
+    dirty, processed = generation(host) or (0, 0)
+    if dirty > processed:  # owed: the backstop (or the failure's backoff) is armed
+        assert alarm.scheduled(host) is not None
+    drain(host, clock)
+    assert calls == [("echo", 1)]  # run once, by whichever pass got there
+    dirty, processed = generation(host) or (0, 0)
+    assert dirty == processed
