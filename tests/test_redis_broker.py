@@ -106,14 +106,22 @@ def test_live_cluster__alarms_fire_with_the_redis_broker(redis_url: str, queue_n
         text=True,
     )
     records: list[PassRecord] = []
+    prompt: list[PassRecord] = []
     try:
         time.sleep(2)  # the cluster starts; the alarms below are armed while it runs
-        for offset_ms in (0, 1500):
+        # Due later than now: no prompt hint, the slot fires (Note [Prompt hint]).
+        for count, offset_ms in enumerate((300, 1500), start=1):
             gate.schedule(host, LIFECYCLE, timezone.now() + timedelta(milliseconds=offset_ms))
             give_up = time.monotonic() + 20
-            while time.monotonic() < give_up and len(records) <= offset_ms // 1500:
+            while time.monotonic() < give_up and len(records) < count:
                 records = list(PassRecord.objects.filter(host=host, deadline__isnull=False))
                 time.sleep(0.05)  # polling an observable condition
+        # Due now: the hint reaches the Redis broker's pusher, which runs a prompt pass.
+        gate.schedule(host, LIFECYCLE, timezone.now())
+        give_up = time.monotonic() + 20
+        while time.monotonic() < give_up and not prompt:
+            prompt = list(PassRecord.objects.filter(host=host, deadline__isnull=True))
+            time.sleep(0.05)  # polling an observable condition
     finally:
         cluster.terminate()
         try:
@@ -122,6 +130,7 @@ def test_live_cluster__alarms_fire_with_the_redis_broker(redis_url: str, queue_n
             cluster.kill()
             output, _ = cluster.communicate()
     assert len(records) >= 2, output
+    assert len(prompt) == 1, output  # a prompt pass (no slot deadline) ran the lane due now
     assert all(r.lateness_ms is not None and r.lateness_ms < 5_000 for r in records), output
     assert OrmQ.objects.count() == 0, output  # the tasks travelled through Redis
     assert alarm.scheduled(host) is None, output
