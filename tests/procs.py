@@ -23,6 +23,20 @@ def database_url() -> str:
     return f"postgres://{user}@{host}:{port}/{s['NAME']}"
 
 
+def listeners() -> int:
+    """How many connections LISTEN for the alarm brokers in the test database (one per
+    listening cluster: ``AlarmListener`` sends ``LISTEN_SQL`` once)."""
+    from durable_agent import alarm_listener
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = %s",
+            [alarm_listener.LISTEN_SQL],
+        )
+        return int(cursor.fetchone()[0])
+
+
 def run_python(code: str, *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``code`` after ``django.setup()`` in a child process on the test database."""
     prelude = "import django\ndjango.setup()\n"

@@ -16,15 +16,13 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from durable_agent import alarm_listener
 from durable_agent.maintenance import alarm, gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE
 from durable_agent.models import Host, PassRecord
 from tests.maintenance.helpers import caught_up
-from tests.procs import ROOT, database_url
+from tests.procs import ROOT, database_url, listeners
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -41,16 +39,6 @@ def _cluster() -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,  # its own process group, killed as one
     )
-
-
-def _listeners() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query = %s",
-            [alarm_listener.LISTEN_SQL],
-        )
-        return int(cursor.fetchone()[0])
 
 
 def _await(predicate: object, timeout: float) -> bool:
@@ -99,13 +87,13 @@ def test_failover__alarms_keep_firing_after_one_of_two_clusters_is_killed() -> N
     first, second = _cluster(), _cluster()
     outputs = ["", ""]
     try:
-        assert _await(lambda: _listeners() == 2, 60), "both clusters should LISTEN"
+        assert _await(lambda: listeners() == 2, 60), "both clusters should LISTEN"
         before = _arm("before")
         assert _await(lambda: all(n >= 1 for n in _ran(before).values()), 30), _ran(before)
 
         os.killpg(first.pid, signal.SIGKILL)  # the whole machine, at once
         first.wait(timeout=30)
-        assert _await(lambda: _listeners() == 1, 30), "the dead cluster's listener stays"
+        assert _await(lambda: listeners() == 1, 30), "the dead cluster's listener stays"
 
         after = _arm("after")
         assert _await(lambda: all(n >= 1 for n in _ran(after).values()), 30), _ran(after)

@@ -22,13 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 
 import durable_agent
-from durable_agent import alarm_listener
 from durable_agent.models import Host, PassRecord, Submission
-from tests.procs import ROOT, database_url
+from tests.procs import ROOT, database_url, listeners
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -64,7 +62,7 @@ def clusters(tmp_path: Path, count: int = 1, **env: str) -> Iterator[list[Path]]
             assert time.monotonic() < give_up, _tail(logs)
             time.sleep(0.1)  # polling an observable condition
         if env.get("Q_BROKER_CLASS") != "tests.brokers.NoListenAlarmBroker":
-            while _listeners() < count:
+            while listeners() < count:
                 assert time.monotonic() < give_up, _tail(logs)
                 time.sleep(0.1)  # polling an observable condition
         yield logs
@@ -82,16 +80,6 @@ def clusters(tmp_path: Path, count: int = 1, **env: str) -> Iterator[list[Path]]
 
 def _tail(logs: list[Path]) -> str:
     return "\n".join(log.read_text()[-2000:] for log in logs)
-
-
-def _listeners() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query = %s",
-            [alarm_listener.LISTEN_SQL],
-        )
-        return int(cursor.fetchone()[0])
 
 
 def submit_all(hosts: list[Host], threads: int = 1) -> list[int]:

@@ -103,7 +103,7 @@ def fold(host_id: int, ops: list[object]) -> Intent | None:
 
 def available() -> bool:
     """Whether the commit function serves the database gate.transaction writes to."""
-    return enabled and connections[router.db_for_write(MaintenanceState)].vendor == "postgresql"
+    return enabled and hints()
 
 
 def hints() -> bool:

@@ -177,9 +177,9 @@ def take(
                 tx.arm_at_earliest(now)
             return Stale(host_id, "nothing is due")
     held = state.pass_lease_expires_at
-    if prompt and state.pass_lease_owner and held is not None and held > now:
-        return Busy(host_id, state.pass_lease_owner, held)  # the slot keeps the backstop
     if state.pass_lease_owner and held is not None and held > now:
+        if prompt:  # the slot keeps the backstop
+            return Busy(host_id, state.pass_lease_owner, held)
         # This delivery consumed a due slot: wake again when the running lease expires (the
         # running pass re-arms the slot itself when it finishes).
         if checkpoint.current is None or checkpoint.current <= now:
