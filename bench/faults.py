@@ -52,6 +52,7 @@ _DUPLICATE_PREFIXES = ("Failed '",)
 _local = threading.local()
 _opened: list[tuple[float, int, str]] = []  # (when, backend pid, thread name)
 _opened_lock = threading.Lock()
+_HELPERS = ("da-pass", "da-runtime")  # durable_agent/maintenance/passes/pool.py's threads
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -104,18 +105,19 @@ def backend_pid(alias: str = "default") -> int | None:
 
 
 def recent_pids() -> list[int]:
-    """The backend pids of the connections this thread, or the pass's thread pool, opened
-    in this process in the last 10 minutes (``CONN_MAX_AGE``).
+    """The backend pids of the connections this thread, or the pass's thread pool and
+    runtime runner, opened in this process in the last 10 minutes (``CONN_MAX_AGE``).
 
     Not only the failing thread's current connection: a pass runs agent attempts on a
-    thread pool ("da-pass") whose connections outlive it, a failure there surfaces in the
-    thread that waits for it, and a service may reconnect before it reports a failure.
+    thread pool ("da-pass") and bounded runtime calls (recovery, the abort-intent read) on a
+    runner thread ("da-runtime"), whose connections outlive them; a failure there surfaces in
+    the thread that waits for it, and a service may reconnect before it reports a failure.
     """
     horizon = time.time() - 600
     me = threading.current_thread().name
     with _opened_lock:
         _opened[:] = [row for row in _opened if row[0] >= horizon]
-        return [pid for _, pid, name in _opened if name == me or name.startswith("da-pass")]
+        return [pid for _, pid, name in _opened if name == me or name.startswith(_HELPERS)]
 
 
 def set_request(request_id: str | None) -> None:
