@@ -25,13 +25,23 @@ class ReferenceRuntime:
         """Every nonterminal submission of ``host``: by thread key, FIFO within a thread.
 
         An ``unknown`` submission of an agent registered with ``strict_order=True`` holds
-        its thread (see :func:`durable_agent.agents.attempts.holds_thread`).
+        its thread (see :func:`durable_agent.agents.attempts.holds_thread`). A ``ready``
+        submission without an abort intent is not ``recoverable``: ``run_recovery`` changes
+        only expired leases and abort intents (``durable_agent/agents/recovery.py``).
         """
         rows = (
             Submission.objects.nonterminal()
             .filter(host=host)
             .order_by("thread__key", "sequence")
-            .values_list("thread__key", "pk", "state", "agent", "agent_version", "not_before")
+            .values_list(
+                "thread__key",
+                "pk",
+                "state",
+                "agent",
+                "agent_version",
+                "not_before",
+                "abort_requested_at",
+            )
         )
         return [
             WorkItem(
@@ -40,8 +50,9 @@ class ReferenceRuntime:
                 state=state,
                 holds_thread=attempts.holds_thread(state, agent, version),
                 not_before=not_before,
+                recoverable=state != SubmissionState.READY or abort_requested is not None,
             )
-            for key, pk, state, agent, version, not_before in rows
+            for key, pk, state, agent, version, not_before, abort_requested in rows
         ]
 
     def discover_work_threads(self, host: Host, after: str | None, limit: int) -> DiscoveryPage:

@@ -31,6 +31,13 @@ class WorkItem:
     or a retry's next try). The pass does not attempt it before ``START_LEAD`` ahead of it,
     keeps the host's native work due at that time, and the submissions behind it on its
     thread wait with it (Note [Start delayed work at its time]).
+
+    ``recoverable``: whether the runtime's recovery (``run_recovery``, an abort intent) could
+    change this submission now. A runtime that knows it cannot (the reference runtime: a
+    ``ready`` submission without an abort intent) says False, and the pass neither reads the
+    abort intent of such a head nor sweeps a thread whose submissions are all such before
+    attempting it (Note [A thread with nothing to recover is not swept] in
+    ``durable_agent/maintenance/passes/native.py``). The default, True, keeps both.
     """
 
     thread: str
@@ -38,6 +45,7 @@ class WorkItem:
     state: str
     holds_thread: bool = False
     not_before: datetime | None = None
+    recoverable: bool = True
 
     def delayed(self, now: datetime) -> bool:
         """A ``ready`` item whose ``not_before`` is more than ``START_LEAD`` ahead of ``now``."""

@@ -54,13 +54,15 @@ def test_scan_nonterminal__fifo_per_thread_by_thread_key(
         state=SubmissionState.SETTLED, outcome=SubmissionOutcome.COMPLETED, settled_at=T0
     )
     Submission.objects.filter(pk=b1).update(state=SubmissionState.SUSPENDED, approval_reason="?")
+    Submission.objects.filter(pk=a2).update(abort_requested_at=T0)
     submit(HostFactory(), "a")  # another host
 
+    # Only a ready submission without an abort intent is beyond recovery's reach.
     assert reference.scan_nonterminal(host) == [
-        WorkItem("a", str(a1), "ready"),
-        WorkItem("a", str(a2), "ready"),
-        WorkItem("b", str(b1), "suspended"),
-        WorkItem("b", str(b2), "ready"),
+        WorkItem("a", str(a1), "ready", recoverable=False),
+        WorkItem("a", str(a2), "ready", recoverable=True),
+        WorkItem("b", str(b1), "suspended", recoverable=True),
+        WorkItem("b", str(b2), "ready", recoverable=False),
     ]
 
 

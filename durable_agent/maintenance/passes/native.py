@@ -45,6 +45,20 @@ Note [Stable waits are not swept]
 Dispatch: attempt the selected heads while the backlog is recovered, and
 record the heads that wait on their agent binding.
 
+Note [A thread with nothing to recover is not swept]
+    Upstream sweeps a thread's recovery before every attempt on it, and reads the abort intent
+    of every ``ready`` head. The runtime's scan says which submissions its recovery could
+    change now (``WorkItem.recoverable``; the reference runtime: an expired lease, an abort
+    intent, an unknown outcome, anything not ``ready``). A thread whose scanned submissions
+    are all not recoverable has nothing a sweep would report, repair or block on: the pass
+    attempts its head without the sweep (the work cursor, ``run_recovery``, the recovery
+    status transaction), and reads no abort intent for such a head. The selection already
+    excluded faulted and pending threads, so no fault is left to clear. What changes after
+    the scan is a producer's mutation: an abort is settled or seen by the claim itself
+    (``process_thread_head`` does not run a head with an abort intent), and it advances the
+    generation, so the next pass sweeps. A runtime that does not say (the default, True)
+    keeps upstream's sweep before every attempt.
+
 Checkpoint: acknowledge what the pass observed, or back off.
 
 Note [Acknowledge only the observed generation]
@@ -215,6 +229,7 @@ def stopping_threads(step: Pass, heads: dict[str, WorkItem], current: list[WorkI
     for head in heads.values():
         if (
             head.state != "ready"
+            or not head.recoverable  # no abort intent (Note [A thread with nothing ...])
             or head.thread in step.recovery.pending
             or head.thread in step.recovery.faults
         ):
@@ -285,10 +300,20 @@ logger = logging.getLogger("durable_agent.maintenance")
 
 
 def dispatch(step: Pass, view: View, selected: list[str], backlog: list[str]) -> None:
-    """Attempt the selected heads while the backlog is recovered; join them all."""
+    """Attempt the selected heads while the backlog is recovered; join them all. A single
+    attempt with no backlog beside it runs in the pass's own thread (nothing to overlap)."""
     futures: list[Future[int]] = []
     if clock.now() < step.yield_at:
-        futures = [submit_attempt(step, view.heads[t], view.waits) for t in selected]
+        swept = {t for t in selected if any(i.recoverable for i in view.current if i.thread == t)}
+        if len(selected) == 1 and not backlog:
+            thread = selected[0]
+            value = attempt(step, view.heads[thread], view.waits, sweep=thread in swept)
+            step.settled += value
+            step.progressed |= value > 0
+            return
+        futures = [
+            submit_attempt(step, view.heads[t], view.waits, sweep=t in swept) for t in selected
+        ]
     failure: BaseException | None = None
     try:
         for thread in backlog:
@@ -307,9 +332,11 @@ def dispatch(step: Pass, view: View, selected: list[str], backlog: list[str]) ->
         raise failure
 
 
-def submit_attempt(step: Pass, head: WorkItem, waits: list[BindingRetry]) -> Future[int]:
+def submit_attempt(
+    step: Pass, head: WorkItem, waits: list[BindingRetry], *, sweep: bool
+) -> Future[int]:
     assert step.executor is not None
-    return step.executor.submit(lambda: attempt(step, head, waits))
+    return step.executor.submit(lambda: attempt(step, head, waits, sweep=sweep))
 
 
 def recover_backlog_thread(step: Pass, thread: str) -> None:
@@ -327,9 +354,13 @@ def recover_backlog_thread(step: Pass, thread: str) -> None:
         step.recovery.pending.discard(thread)
 
 
-def attempt(step: Pass, head: WorkItem, previous_waits: list[BindingRetry]) -> int:
-    """Recover the thread, then run its head once (docs/pass.md, step 2)."""
-    recover_thread(step.host, step.runtime, head.thread, step.recovery)
+def attempt(
+    step: Pass, head: WorkItem, previous_waits: list[BindingRetry], *, sweep: bool = True
+) -> int:
+    """Recover the thread (unless it has nothing to recover: Note [A thread with nothing to
+    recover is not swept]), then run its head once (docs/pass.md, step 2)."""
+    if sweep:
+        recover_thread(step.host, step.runtime, head.thread, step.recovery)
     binding_failure: BindingUnavailable | None = None
     settlement = None
     if head.thread not in step.recovery.faults:

@@ -1,0 +1,125 @@
+"""Note [A thread with nothing to recover is not swept] and the single attempt in the pass's
+own thread: what a pass does before a fresh submission's agent starts."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import durable_agent
+from durable_agent.agents import registry
+from durable_agent.agents.runtime import ReferenceRuntime
+from durable_agent.maintenance import run_pass
+from durable_agent.maintenance.passes.pool import close_thread_pool
+from durable_agent.models import Host, Submission
+from durable_agent.testing import FakeClock
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def runtime_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(method, thread or submission) of every recovery call the pass makes."""
+    seen: list[tuple[str, str]] = []
+    run_recovery, read_abort_intent = (
+        ReferenceRuntime.run_recovery,
+        ReferenceRuntime.read_abort_intent,
+    )
+
+    def recovery(self: Any, host: Host, thread: str, cursor: str | None) -> Any:
+        seen.append(("run_recovery", thread))
+        return run_recovery(self, host, thread, cursor)
+
+    def intent(self: Any, host: Host, submission: str) -> Any:
+        seen.append(("read_abort_intent", submission))
+        return read_abort_intent(self, host, submission)
+
+    monkeypatch.setattr(ReferenceRuntime, "run_recovery", recovery)
+    monkeypatch.setattr(ReferenceRuntime, "read_abort_intent", intent)
+    return seen
+
+
+def test_a_fresh_submission_runs_without_a_sweep_or_an_abort_intent_read(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any], runtime_calls: list[Any]
+) -> None:
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    report = run_pass(host)
+
+    assert report.phase == "actionable"
+    assert calls == [("echo", 1)]
+    assert runtime_calls == []
+
+
+def test_a_thread_with_a_recoverable_submission_is_still_swept_first(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any], runtime_calls: list[Any]
+) -> None:
+    first = durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+    later = durable_agent.submit(host=host, thread="t", agent="echo", payload=2)
+    # An abort intent behind the head: recovery settles it, so the thread is swept.
+    Submission.objects.filter(pk=later.submission_id).update(abort_requested_at=clock.now())
+
+    run_pass(host)
+
+    assert ("run_recovery", "t") in runtime_calls
+    assert calls == [("echo", 1)]
+    assert Submission.objects.get(pk=first.submission_id).outcome == "completed"
+    assert Submission.objects.get(pk=later.submission_id).outcome == "aborted"
+
+
+def test_a_ready_head_with_an_abort_intent_is_read_and_not_run(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any], runtime_calls: list[Any]
+) -> None:
+    receipt = durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+    Submission.objects.filter(pk=receipt.submission_id).update(abort_requested_at=clock.now())
+
+    run_pass(host)
+
+    assert ("read_abort_intent", str(receipt.submission_id)) in runtime_calls
+    assert calls == []
+    assert Submission.objects.get(pk=receipt.submission_id).outcome == "aborted"
+
+
+@pytest.mark.postgres
+@pytest.mark.threads
+@pytest.mark.django_db(transaction=True)
+class TestWhereTheAttemptRuns:
+    @pytest.fixture(autouse=True)
+    def _fresh_pool(self) -> Iterator[None]:
+        close_thread_pool()
+        yield
+        close_thread_pool()
+
+    @pytest.fixture
+    def where(self) -> list[str]:
+        names: list[str] = []
+
+        @registry.agent("where", version="1")
+        def where(ctx: Any, payload: Any) -> Any:
+            names.append(threading.current_thread().name)
+            return payload
+
+        return names
+
+    def test_a_single_attempt_runs_in_the_pass_s_thread(
+        self, host: Host, clock: FakeClock, where: list[str]
+    ) -> None:
+        durable_agent.submit(host=host, thread="t", agent="where", payload=1)
+
+        run_pass(host)
+
+        assert where == [threading.current_thread().name]
+
+    def test_several_attempts_run_on_the_pool(
+        self, host: Host, clock: FakeClock, where: list[str]
+    ) -> None:
+        for thread in ("a", "b"):
+            durable_agent.submit(host=host, thread=thread, agent="where", payload=1)
+
+        run_pass(host)
+
+        assert len(where) == 2
+        assert all(name.startswith("da-pass") for name in where), where
