@@ -51,6 +51,9 @@ def holds_thread(state: str, agent: str, version: str) -> bool:
     return spec is not None and spec.strict_order
 
 
+HEAD_PAGE = 32
+
+
 def head_of(host: Host, thread: str) -> Submission | None:
     """The thread's head: its first nonterminal submission (FIFO by sequence), skipping the
     ``unknown`` ones that do not hold the thread.
@@ -67,11 +70,19 @@ def head_of(host: Host, thread: str) -> Submission | None:
         .select_related("thread")
         .order_by("sequence")
     )
-    for row in rows.iterator(chunk_size=32):
-        if row.state != SubmissionState.UNKNOWN or holds_thread(
-            row.state, row.agent, row.agent_version
-        ):
-            return row
+    # Pages of plain queries, not ``iterator()``: on PostgreSQL outside a transaction that is
+    # a server-side cursor declared WITH HOLD, several round trips for what is nearly always
+    # the first row.
+    page = list(rows[:HEAD_PAGE])
+    while page:
+        for row in page:
+            if row.state != SubmissionState.UNKNOWN or holds_thread(
+                row.state, row.agent, row.agent_version
+            ):
+                return row
+        if len(page) < HEAD_PAGE:
+            break
+        page = list(rows.filter(sequence__gt=page[-1].sequence)[:HEAD_PAGE])
     return None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import durable_agent
-from durable_agent.agents import registry
+from durable_agent.agents import attempts, registry
 from durable_agent.agents.runtime import ReferenceRuntime
 from durable_agent.maintenance import run_pass
 from durable_agent.maintenance.passes.pool import close_thread_pool
@@ -123,3 +123,31 @@ class TestWhereTheAttemptRuns:
 
         assert len(where) == 2
         assert all(name.startswith("da-pass") for name in where), where
+
+
+@pytest.mark.parametrize("unknown", [0, 1, 31, 32, 33, 70])
+def test_head_of_skips_any_number_of_unknown_submissions(
+    host: Host, clock: FakeClock, echo: Any, unknown: int
+) -> None:
+    receipts = [
+        durable_agent.submit(host=host, thread="t", agent="echo", payload=i)
+        for i in range(unknown + 2)
+    ]
+    ids = [r.submission_id for r in receipts]
+    Submission.objects.filter(pk__in=ids[:unknown]).update(state="unknown")
+
+    head = attempts.head_of(host, "t")
+
+    assert head is not None
+    assert head.pk == ids[unknown]
+
+
+def test_head_of_with_only_unknown_submissions_is_none(
+    host: Host, clock: FakeClock, echo: Any
+) -> None:
+    receipts = [
+        durable_agent.submit(host=host, thread="t", agent="echo", payload=i) for i in range(33)
+    ]
+    Submission.objects.filter(pk__in=[r.submission_id for r in receipts]).update(state="unknown")
+
+    assert attempts.head_of(host, "t") is None
