@@ -36,8 +36,10 @@ class WorkItem:
     change this submission now. A runtime that knows it cannot (the reference runtime: a
     ``ready`` submission without an abort intent) says False, and the pass neither reads the
     abort intent of such a head nor sweeps a thread whose submissions are all such before
-    attempting it (Note [A thread with nothing to recover is not swept] in
-    ``durable_agent/maintenance/passes/native.py``). The default, True, keeps both.
+    attempting it; a scan whose submissions are all not recoverable says the host owns no
+    recoverable work, and the pass does not call ``discover_work_threads`` after it (Note [A
+    thread with nothing to recover is not swept] in
+    ``durable_agent/maintenance/passes/native.py``). The default, True, keeps all three.
     """
 
     thread: str

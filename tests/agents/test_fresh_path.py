@@ -24,9 +24,10 @@ pytestmark = pytest.mark.django_db
 def runtime_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """(method, thread or submission) of every recovery call the pass makes."""
     seen: list[tuple[str, str]] = []
-    run_recovery, read_abort_intent = (
+    run_recovery, read_abort_intent, discover = (
         ReferenceRuntime.run_recovery,
         ReferenceRuntime.read_abort_intent,
+        ReferenceRuntime.discover_work_threads,
     )
 
     def recovery(self: Any, host: Host, thread: str, cursor: str | None) -> Any:
@@ -37,12 +38,27 @@ def runtime_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         seen.append(("read_abort_intent", submission))
         return read_abort_intent(self, host, submission)
 
+    def discovery(self: Any, host: Host, after: str | None, limit: int) -> Any:
+        seen.append(("discover_work_threads", str(len(calls_of_scan))))
+        return discover(self, host, after, limit)
+
+    scan = ReferenceRuntime.scan_nonterminal
+    calls_of_scan: list[int] = []
+
+    def scanned(self: Any, host: Host) -> Any:
+        items = scan(self, host)
+        calls_of_scan.append(len(items))
+        seen.append(("scan_nonterminal", str(len(items))))
+        return items
+
     monkeypatch.setattr(ReferenceRuntime, "run_recovery", recovery)
+    monkeypatch.setattr(ReferenceRuntime, "discover_work_threads", discovery)
+    monkeypatch.setattr(ReferenceRuntime, "scan_nonterminal", scanned)
     monkeypatch.setattr(ReferenceRuntime, "read_abort_intent", intent)
     return seen
 
 
-def test_a_fresh_submission_runs_without_a_sweep_or_an_abort_intent_read(
+def test_a_fresh_submission_runs_without_a_sweep_discovery_or_abort_intent_read(
     host: Host, clock: FakeClock, echo: Any, calls: list[Any], runtime_calls: list[Any]
 ) -> None:
     durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
@@ -51,7 +67,12 @@ def test_a_fresh_submission_runs_without_a_sweep_or_an_abort_intent_read(
 
     assert report.phase == "actionable"
     assert calls == [("echo", 1)]
-    assert runtime_calls == []
+    # Discovery only after the checkpoint's scan, which finds the host empty.
+    assert runtime_calls == [
+        ("scan_nonterminal", "1"),
+        ("scan_nonterminal", "0"),
+        ("discover_work_threads", "2"),
+    ]
 
 
 def test_a_thread_with_a_recoverable_submission_is_still_swept_first(
@@ -64,6 +85,7 @@ def test_a_thread_with_a_recoverable_submission_is_still_swept_first(
 
     run_pass(host)
 
+    assert runtime_calls[:2] == [("scan_nonterminal", "2"), ("discover_work_threads", "1")]
     assert ("run_recovery", "t") in runtime_calls
     assert calls == [("echo", 1)]
     assert Submission.objects.get(pk=first.submission_id).outcome == "completed"

@@ -52,7 +52,9 @@ Note [A thread with nothing to recover is not swept]
     intent, an unknown outcome, anything not ``ready``). A thread whose scanned submissions
     are all not recoverable has nothing a sweep would report, repair or block on: the pass
     attempts its head without the sweep (the work cursor, ``run_recovery``, the recovery
-    status transaction), and reads no abort intent for such a head. The selection already
+    status transaction), and reads no abort intent for such a head; when every scanned
+    submission of the host is such, no thread owns recoverable work and the pass skips
+    ``discover_work_threads`` too (an empty scan still asks it). The selection already
     excluded faulted and pending threads, so no fault is left to clear. What changes after
     the scan is a producer's mutation: an abort is settled or seen by the claim itself
     (``process_thread_head`` does not run a head with an abort intent), and it advances the
@@ -112,7 +114,7 @@ from durable_agent.maintenance.passes.state import Pass
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.models import BindingRetry, MaintenanceState
 from durable_agent.observability import log_extra
-from durable_agent.runtime import RecoverySweep, WorkItem, stable_external_wait
+from durable_agent.runtime import DiscoveryPage, RecoverySweep, WorkItem, stable_external_wait
 
 
 def run_native(p: Pass) -> None:
@@ -152,7 +154,7 @@ DISCOVERY_LIMIT = 32
 class View:
     """One control-state observation of the ledger."""
 
-    scanned_generation: int
+    scanned_generation: int | None  # read for the checkpoint only
     current: list[WorkItem]
     owners: tuple[str, ...]
     heads: dict[str, WorkItem]
@@ -162,19 +164,26 @@ class View:
     selection_time: datetime
 
 
-def observe(step: Pass) -> View:
+def observe(step: Pass, *, generation: bool = False) -> View:
+    """Scan, discover and pick the heads; with ``generation``, first read the generation
+    the scan answers for (the checkpoint acknowledges it)."""
     host, runtime, recovery = step.host, step.runtime, step.recovery
     # The generation this scan answers for, read before it: a producer may have advanced it
     # since begin. The rest of the state row is the pass's own (read by begin, kept by it).
     scanned_generation = (
         MaintenanceState.objects.filter(host_id=host.pk).values_list("dirty", flat=True).get()
+        if generation
+        else None
     )
     cursor = step.last_recovered_thread
     with gate.native_source():
         current = list(runtime.scan_nonterminal(host))
-        owners = runtime.discover_work_threads(host, cursor, DISCOVERY_LIMIT)
-        if not owners.threads and cursor is not None:
-            owners = runtime.discover_work_threads(host, None, DISCOVERY_LIMIT)
+        if current and not any(item.recoverable for item in current):
+            owners = DiscoveryPage()  # Note [A thread with nothing to recover is not swept]
+        else:
+            owners = runtime.discover_work_threads(host, cursor, DISCOVERY_LIMIT)
+            if not owners.threads and cursor is not None:
+                owners = runtime.discover_work_threads(host, None, DISCOVERY_LIMIT)
     recovery.discovery_pending |= owners.after is not None
     selection_time = clock.now()
     ids_by_thread: dict[str, list[str]] = {}
@@ -430,9 +439,10 @@ def record_binding_wait(
 def checkpoint(step: Pass) -> None:
     """Acknowledge what was observed, or back off; never writes the slot itself. Leaves the
     native lane's next time in ``step.next_at`` and the work remaining in ``step.nonterminal``."""
-    view = observe(step)
+    view = observe(step, generation=True)
     recovery, observed = step.recovery, step.generation
     assert observed is not None
+    assert view.scanned_generation is not None
     remaining = view.current
     reports = recovery.reports
     first_seen: dict[str, bool] = {}
@@ -488,16 +498,18 @@ def checkpoint(step: Pass) -> None:
     delay = timedelta(milliseconds=max(ordinary, retry_ms))
     remaining_ids = {item.submission for item in remaining}
 
+    scanned_generation = view.scanned_generation
+
     def fn(tx: AlarmTx) -> datetime | None:
         state = tx.state
         active = tx.live_ticket_count(now)
         overlap = step.active_at_start > 0 or active > 0
         generation = (
-            view.scanned_generation
+            scanned_generation
             if not remaining
             and not view.owners
             and not overlap
-            and state.dirty == view.scanned_generation
+            and state.dirty == scanned_generation
             else observed
         )
         if not (autonomous or overlap):
