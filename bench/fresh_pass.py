@@ -3,13 +3,14 @@
     python -m bench.fresh_pass [--passes 200] [--counted 20] [--runs 3]
 
 Each pass runs in this process (``run_pass``, no broker, no worker), on a caught-up host of
-its own (its first-use pass already ran) whose only work is one fresh submission of a trivial agent (``bench-fresh``, which notes the
-time of its first line). Measured: ``run_pass`` start -> the agent's first line, and the
-whole pass. Then ``--counted`` more passes with every Django connection of the process
-counted (every thread: the pass's pool and runner too): SQL statements (``BEGIN`` and
-``COMMIT`` are not statements Django executes, so they are not among them), commits and
-connection health checks, before the agent's first line and in the whole pass. The counted
-passes are not timed. Goal: at most 5 ms and 12 statements per pass (docs/benchmarks.md).
+its own (its first-use pass already ran) whose only work is one fresh submission of a
+trivial agent (``bench-fresh``, which notes the time of its first line). Measured:
+``run_pass`` start -> the agent's first line, and the whole pass. Then ``--counted`` more
+passes with every Django connection of the process counted (every thread: the pass's pool
+and runner too): SQL statements (``BEGIN`` and ``COMMIT`` are not statements Django
+executes, so they are not among them), commits and connection health checks, before the
+agent's first line and in the whole pass. The counted passes are not timed. Goal: at most
+5 ms and 12 statements per pass (docs/benchmarks.md).
 """
 
 from __future__ import annotations
