@@ -66,7 +66,7 @@ def _install_counters() -> None:
             return wrapped
 
         setattr(cls, method, make())
-    connection_created.connect(add_wrapper, dispatch_uid="bench_fresh_pass")
+    connection_created.connect(add_wrapper, weak=False, dispatch_uid="bench_fresh_pass")
     from django.db import connections
 
     for connection in connections.all(initialized_only=True):
