@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import F
 
 from durable_agent import clock, conf
@@ -45,19 +45,20 @@ def new_owner() -> str:
 def claim(submission_id: int, owner: str, now: datetime) -> bool:
     """Claim a ``ready`` submission without an abort intent; False when it is not claimable.
 
-    Resets ``side_effect_marked``: the mark belongs to one attempt.
+    Resets ``side_effect_marked``: the mark belongs to one attempt. One autocommitted
+    ``UPDATE`` (a single statement is atomic on its own: no ``BEGIN`` and ``COMMIT`` round
+    trips around it); the caller is never inside a transaction (``process_thread_head``).
     """
-    with transaction.atomic():
-        updated = Submission.objects.filter(
-            pk=submission_id, state=SubmissionState.READY, abort_requested_at__isnull=True
-        ).update(
-            state=SubmissionState.RUNNING,
-            lease_owner=owner,
-            lease_expires_at=now + lease_ttl(),
-            attempts=F("attempts") + 1,
-            side_effect_marked=False,
-            updated_at=now,
-        )
+    updated = Submission.objects.filter(
+        pk=submission_id, state=SubmissionState.READY, abort_requested_at__isnull=True
+    ).update(
+        state=SubmissionState.RUNNING,
+        lease_owner=owner,
+        lease_expires_at=now + lease_ttl(),
+        attempts=F("attempts") + 1,
+        side_effect_marked=False,
+        updated_at=now,
+    )
     return updated == 1
 
 

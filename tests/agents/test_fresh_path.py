@@ -12,9 +12,9 @@ import pytest
 import durable_agent
 from durable_agent.agents import attempts, registry
 from durable_agent.agents.runtime import ReferenceRuntime
-from durable_agent.maintenance import run_pass
+from durable_agent.maintenance import failpoints, run_pass
 from durable_agent.maintenance.passes.pool import close_thread_pool
-from durable_agent.models import Host, Submission
+from durable_agent.models import Host, MaintenanceState, Submission
 from durable_agent.testing import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -173,3 +173,22 @@ def test_head_of_with_only_unknown_submissions_is_none(
     Submission.objects.filter(pk__in=[r.submission_id for r in receipts]).update(state="unknown")
 
     assert attempts.head_of(host, "t") is None
+
+
+def test_the_selection_commits_nothing_and_the_checkpoint_stores_the_cursor(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    # Note [The round-robin cursor is written by the checkpoint]
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+    stored: list[str | None] = []
+
+    def look(name: str) -> None:
+        if name == "maintenance:select:after":
+            stored.append(MaintenanceState.objects.get(host=host).last_served_thread)
+
+    with failpoints.installed(look):
+        run_pass(host)
+
+    assert stored == [None]
+    assert calls == [("echo", 1)]
+    assert MaintenanceState.objects.get(host=host).last_served_thread == "t"

@@ -170,6 +170,10 @@ def fault_retry(host: Host, clock: FakeClock) -> None:
         return original(*args)
 
     crashes(lambda: submit(host))
+    # An attempt that died with its lease: recoverable work, so the pass sweeps the thread.
+    Submission.objects.filter(host=host).update(
+        state="running", lease_owner="crashed", lease_expires_at=clock.now() - timedelta(seconds=1)
+    )
     agent_recovery._sweep = failing_once  # type: ignore[assignment]
     try:
         crashes(lambda: run_pass(host))
@@ -229,11 +233,15 @@ BEGIN_TO_FINISH = {
     "maintenance:finish:after",
     "maintenance:queue:flush",
 }
+# A fresh head is claimed without a sweep (Note [A thread with nothing to recover is not
+# swept] in durable_agent/maintenance/passes/native.py); a head with recoverable work is
+# recovered before its claim.
+FRESH_ATTEMPT = BEGIN_TO_FINISH
 ATTEMPT = BEGIN_TO_FINISH | {
-    "maintenance:recovery-status:before",  # a selected head is recovered before its claim
+    "maintenance:recovery-status:before",
     "maintenance:recovery-status:after",
 }
-FAILED_PASS = ATTEMPT - {"maintenance:finish:before", "maintenance:finish:after"}
+FAILED_PASS = FRESH_ATTEMPT - {"maintenance:finish:before", "maintenance:finish:after"}
 SCENARIO_FAILPOINTS: dict[str, set[str]] = {
     "gate mutation": BEGIN_TO_FINISH
     | {
@@ -243,10 +251,10 @@ SCENARIO_FAILPOINTS: dict[str, set[str]] = {
         "maintenance:mutation:finished",
     },
     "submit": {"maintenance:queue:flush"},
-    "settling head": ATTEMPT,
+    "settling head": FRESH_ATTEMPT,
     "failing lane": FAILED_PASS | {"maintenance:retry:before", "maintenance:retry:after"},
     "recovery pages": ATTEMPT,
-    "binding park": ATTEMPT
+    "binding park": FRESH_ATTEMPT
     | {
         "maintenance:binding-retry:before",
         "maintenance:binding-retry:after",
@@ -259,7 +267,7 @@ SCENARIO_FAILPOINTS: dict[str, set[str]] = {
         "maintenance:retry:after",
     },
 }
-SCENARIO_FAILPOINTS["retried head"] = ATTEMPT
+SCENARIO_FAILPOINTS["retried head"] = FRESH_ATTEMPT
 CASES = [(s, f) for s in SCENARIOS for f in sorted(SCENARIO_FAILPOINTS[s])]
 
 

@@ -267,35 +267,44 @@ def skipped(item: WorkItem, waiting: Callable[[WorkItem], bool]) -> bool:
 
 
 def select(step: Pass, view: View) -> tuple[list[str], list[str]]:
+    """The heads to attempt, round-robin from ``last_served_thread``, and (the first time)
+    the old-work backlog, after ``last_recovered_thread``.
+
+    Note [The round-robin cursor is written by the checkpoint]
+        Upstream writes ``lastServedThreadId`` in a transaction of its own before the
+        attempts. Both cursors are the pass's own (only a pass writes them, under its lease,
+        and begin read them under the host's locks), so the selection reads them from the
+        pass and costs no transaction before the agent's first line; the checkpoint writes
+        the round-robin cursor with the generation. A pass that fails before its checkpoint
+        leaves the older cursor: the next pass serves the same rotation again, which only
+        matters when more threads are runnable than the pass has slots.
+    """
     recovery = step.recovery
     waiting_threads = {w.thread for w in view.waits}
     runnable = [t for t in view.eligible if t not in waiting_threads]
     selection_time = clock.now()
 
     failpoints.hit("maintenance:select:before")
-
-    def fn(tx: AlarmTx) -> tuple[list[str], list[str], bool]:
-        state = tx.state
-        last = state.last_served_thread
-        pivot = next((i for i, t in enumerate(runnable) if last is None or t > last), 0)
-        selected = (runnable[pivot:] + runnable[:pivot])[: step.slots]
-        if selected:
-            state.last_served_thread = selected[-1]
-        if recovery.started:
-            return selected, [], False
-        backlog = [
+    last = step.last_served_thread
+    pivot = next((i for i, t in enumerate(runnable) if last is None or t > last), 0)
+    selected = (runnable[pivot:] + runnable[:pivot])[: step.slots]
+    if selected:
+        step.last_served_thread = selected[-1]
+    backlog: list[str] = []
+    overflow = False
+    if not recovery.started:
+        owed = [
             t
             for t in dict.fromkeys([*view.heads, *view.owners])
             if t not in view.eligible
             and not (t in view.heads and view.waiting(view.heads[t]))
             and (t not in recovery.faults or recovery.faults[t].retry_at <= selection_time)
         ]
-        cursor = state.last_recovered_thread
-        after = [t for t in backlog if cursor is None or t > cursor]
-        before = [t for t in backlog if cursor is not None and t <= cursor]
-        return selected, (after + before)[:DISCOVERY_LIMIT], len(backlog) > DISCOVERY_LIMIT
-
-    selected, backlog, overflow = run_alarm_transaction(step.host.pk, "select maintenance work", fn)
+        cursor = step.last_recovered_thread
+        after = [t for t in owed if cursor is None or t > cursor]
+        before = [t for t in owed if cursor is not None and t <= cursor]
+        backlog = (after + before)[:DISCOVERY_LIMIT]
+        overflow = len(owed) > DISCOVERY_LIMIT
     failpoints.hit("maintenance:select:after")
     if not recovery.started:
         recovery.started = True
@@ -499,6 +508,7 @@ def checkpoint(step: Pass) -> None:
     remaining_ids = {item.submission for item in remaining}
 
     scanned_generation = view.scanned_generation
+    served = step.last_served_thread
 
     def fn(tx: AlarmTx) -> datetime | None:
         state = tx.state
@@ -512,6 +522,7 @@ def checkpoint(step: Pass) -> None:
             and state.dirty == scanned_generation
             else observed
         )
+        state.last_served_thread = served  # Note [The round-robin cursor is written by ...]
         if not (autonomous or overlap):
             state.processed = max(state.processed, generation)
         can_backoff = not overlap and state.dirty == observed

@@ -264,6 +264,7 @@ def begin(p: Pass) -> None:
         p.nonterminal = state.nonterminal
         p.active_at_start = active
         p.last_recovered_thread = state.last_recovered_thread
+        p.last_served_thread = state.last_served_thread
         p.last_after_native_lane = state.last_after_native_lane
         retry_at = tx.retry_deadline() or EPOCH
         native = queue.find(NATIVE)

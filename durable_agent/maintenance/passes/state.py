@@ -71,6 +71,7 @@ class Pass:
     rows: list[Lane] = field(default_factory=list)
     producing: frozenset[str] = frozenset()
     last_recovered_thread: str | None = None  # the old-work recovery cursor
+    last_served_thread: str | None = None  # the round-robin cursor (the checkpoint writes it)
     last_after_native_lane: str | None = None  # the after-native rotation cursor
     # Note [Nothing or one wave to run]: the one wave begin charged (and when), or the pass
     # begin finished itself (its slot decision, and whether a parked lane waits for its notice).
