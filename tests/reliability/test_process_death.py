@@ -15,7 +15,8 @@ from tests.procs import run_python
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-# A mutation, two admissions, a pass that settles a head, and the constructor gate.
+# A mutation, two admissions (the first left by a dead attempt), a pass that recovers the
+# thread and settles a head, and the constructor gate.
 FLOW = """
 import os
 import durable_agent
@@ -32,10 +33,20 @@ with failpoints.installed(die):
         durable_agent.submit(
             host={host}, thread="t1", agent="summarise", payload={{"text": str(n)}}
         )
+    # The first one's attempt died with its lease: the pass recovers the thread first.
+    first = Submission.objects.filter(host={host}).order_by("sequence").first()
+    Submission.objects.filter(pk=first.pk).update(
+        state="running", lease_owner="dead", lease_expires_at=gate_now() - timedelta(seconds=1)
+    )
     run_pass({host})
     ensure_alarm({host})
 """
-PRELUDE = "from durable_agent import clock\ngate_now = clock.now\n"
+PRELUDE = (
+    "from datetime import timedelta\n"
+    "from durable_agent import clock\n"
+    "from durable_agent.models import Submission\n"
+    "gate_now = clock.now\n"
+)
 REACHED = sorted(
     set(failpoints.LOCATIONS)
     - {
