@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 import durable_agent
 from durable_agent.agents import attempts, registry
@@ -192,3 +194,18 @@ def test_the_selection_commits_nothing_and_the_checkpoint_stores_the_cursor(
     assert stored == [None]
     assert calls == [("echo", 1)]
     assert MaintenanceState.objects.get(host=host).last_served_thread == "t"
+
+
+def test_a_pass_with_no_binding_waits_deletes_none(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    run_pass(host)  # the host's first pass stores the registry key (and drops every wait)
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    with CaptureQueriesContext(connection) as queries:
+        run_pass(host)
+
+    assert calls == [("echo", 1)]
+    deletes = [q["sql"] for q in queries.captured_queries if "bindingretry" in q["sql"].lower()]
+    assert deletes
+    assert not any(sql.startswith("DELETE") for sql in deletes), deletes

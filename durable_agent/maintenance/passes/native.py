@@ -162,6 +162,7 @@ class View:
     waits: list[BindingRetry]
     waiting: Callable[[WorkItem], bool]
     selection_time: datetime
+    parked_any: bool  # the host had binding waits (of any thread) when observed
 
 
 def observe(step: Pass, *, generation: bool = False) -> View:
@@ -229,6 +230,7 @@ def observe(step: Pass, *, generation: bool = False) -> View:
         waits=waits,
         waiting=waiting,
         selection_time=selection_time,
+        parked_any=bool(parked),
     )
 
 
@@ -528,9 +530,10 @@ def checkpoint(step: Pass) -> None:
         can_backoff = not overlap and state.dirty == observed
         tx.clear_retry()
         state.nonterminal = len(remaining)
-        BindingRetry.objects.filter(host_id=tx.host_id).exclude(
-            submission__in=remaining_ids
-        ).delete()
+        if view.parked_any:  # only a pass, under its lease, creates them: none, none to drop
+            BindingRetry.objects.filter(host_id=tx.host_id).exclude(
+                submission__in=remaining_ids
+            ).delete()
         if autonomous and not progressed and can_backoff:
             tx.back_off_native(observed, now + delay, step.stalls)
         if autonomous:
