@@ -276,15 +276,25 @@ def pass_errors(outcome: Outcome) -> None:
 def warm_up(stamps_dir: str, run: int) -> None:
     """Submit ``WARM_UP`` fresh submissions 0.1 s apart and wait for their agents: every worker
     has run a pass (its pool threads and their connections exist), as the peers' warm-up
-    (``bench/peers``) does for theirs. Not measured; a warm-up that never starts stops the run."""
+    (``bench/peers``) does for theirs. Every other one is delayed by 0.2 s, so that the alarm's
+    path (a slot fired ahead, the held start) is warm too, not only the prompt start: the
+    delayed scenario's first passes otherwise took 100 ms. Not measured; a warm-up that never
+    starts stops the run."""
+    from datetime import timedelta
+
     import durable_agent
 
     ids = []
     for i, host in enumerate(make_hosts(f"i{run}-w", WARM_UP)):
+        delay = timedelta(seconds=0.2) if i % 2 else None
         ids.append(
             str(
                 durable_agent.submit(
-                    host=host, thread="t", agent="bench-immediate", payload={"i": i}
+                    host=host,
+                    thread="t",
+                    agent="bench-immediate",
+                    payload={"i": i},
+                    not_before=delay,
                 ).submission_id
             )
         )
