@@ -17,6 +17,10 @@ from durable_agent.runtime import DiscoveryPage, RecoverySweep, Settlement, Work
 class ReferenceRuntime:
     """The DB-backed runtime: threads, FIFO submissions, leases and recovery."""
 
+    #: Discovery finds expired leases and abort intents, both on submissions the scan returns
+    #: (``Runtime``'s optional attribute): after an empty scan the pass does not ask it.
+    discovery_within_scan = True
+
     def binding_registry_key(self) -> str:
         """The registry's order-insensitive digest of every (name, version) binding."""
         return registry.registry_key()

@@ -16,6 +16,7 @@ from durable_agent.runtime.protocol import (
     Settlement,
     WorkItem,
     WorkReport,
+    discovers_scanned_only,
     stable_external_wait,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "Settlement",
     "WorkItem",
     "WorkReport",
+    "discovers_scanned_only",
     "get_runtime",
     "install",
     "stable_external_wait",

@@ -134,7 +134,15 @@ class Settlement:
 
 @runtime_checkable
 class Runtime(Protocol):
-    """The runtime protocol. Every method may be called from a worker thread."""
+    """The runtime protocol. Every method may be called from a worker thread.
+
+    One optional class attribute, read with a default (``discovers_scanned_only``):
+    ``discovery_within_scan = True`` says that every thread ``discover_work_threads`` could
+    return owns a submission ``scan_nonterminal`` returns (the reference runtime: discovery
+    finds expired leases and abort intents, both on nonterminal submissions). The pass then
+    skips discovery after an empty scan. Without it an empty scan still asks discovery, as
+    upstream does.
+    """
 
     def binding_registry_key(self) -> str:
         """A stable, order-insensitive fingerprint of every registered binding."""
@@ -168,6 +176,12 @@ class Runtime(Protocol):
     def read_abort_intent(self, host: Host, submission: str) -> object | None:
         """The accepted abort of a never-claimed head, or None."""
         ...
+
+
+def discovers_scanned_only(runtime: Runtime) -> bool:
+    """Whether ``runtime`` says its discovery finds only threads its scan returns (the optional
+    ``discovery_within_scan`` attribute of :class:`Runtime`; default False)."""
+    return getattr(runtime, "discovery_within_scan", False) is True
 
 
 def stable_external_wait(item: WorkItem, reports: dict[str, RecoveryReport]) -> bool:

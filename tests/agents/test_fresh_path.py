@@ -16,7 +16,7 @@ from durable_agent.agents import attempts, registry
 from durable_agent.agents.runtime import ReferenceRuntime
 from durable_agent.maintenance import failpoints, run_pass
 from durable_agent.maintenance.passes.pool import close_thread_pool
-from durable_agent.models import Host, MaintenanceState, Submission
+from durable_agent.models import BindingRetry, Host, MaintenanceState, Submission
 from durable_agent.testing import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -69,7 +69,26 @@ def test_a_fresh_submission_runs_without_a_sweep_discovery_or_abort_intent_read(
 
     assert report.phase == "actionable"
     assert calls == [("echo", 1)]
-    # Discovery only after the checkpoint's scan, which finds the host empty.
+    # Not even after the checkpoint's scan, which finds the host empty: the reference
+    # runtime's discovery finds only scanned submissions (``discovery_within_scan``).
+    assert runtime_calls == [("scan_nonterminal", "1"), ("scan_nonterminal", "0")]
+
+
+def test_a_runtime_that_does_not_say_is_asked_discovery_after_an_empty_scan(
+    host: Host,
+    clock: FakeClock,
+    echo: Any,
+    calls: list[Any],
+    runtime_calls: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Runtime's optional attribute: without it, an empty scan still asks discovery (upstream).
+    monkeypatch.delattr(ReferenceRuntime, "discovery_within_scan")
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    run_pass(host)
+
+    assert calls == [("echo", 1)]
     assert runtime_calls == [
         ("scan_nonterminal", "1"),
         ("scan_nonterminal", "0"),
@@ -209,3 +228,65 @@ def test_a_pass_with_no_binding_waits_deletes_none(
     deletes = [q["sql"] for q in queries.captured_queries if "bindingretry" in q["sql"].lower()]
     assert deletes
     assert not any(sql.startswith("DELETE") for sql in deletes), deletes
+
+
+def _statements(queries: CaptureQueriesContext, table: str) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if f'"{table}"' in q["sql"]]
+
+
+def test_a_pass_with_no_binding_waits_reads_them_once(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    # Note [What the pass already knows after its agents]: only a pass creates binding waits.
+    run_pass(host)
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    with CaptureQueriesContext(connection) as queries:
+        run_pass(host)
+
+    assert calls == [("echo", 1)]
+    assert len(_statements(queries, "durable_agent_bindingretry")) == 1
+
+
+def test_a_binding_wait_the_pass_recorded_is_read_by_its_checkpoint(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    # The head's agent is gone: the attempt parks the thread, and the checkpoint's observation
+    # reads that wait (the thread waits, so the checkpoint acknowledges the generation).
+    run_pass(host)
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+    registry.unregister("echo", "1")
+
+    with CaptureQueriesContext(connection) as queries:
+        run_pass(host)
+
+    assert calls == []
+    reads = [
+        s for s in _statements(queries, "durable_agent_bindingretry") if s.startswith("SELECT")
+    ]
+    assert len(reads) == 2
+    assert BindingRetry.objects.filter(host=host).count() == 1
+    state = MaintenanceState.objects.get(host=host)
+    assert state.processed == state.dirty
+
+
+def test_the_refill_takes_the_lanes_the_checkpoint_read(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    # Note [What the pass already knows after its agents]: between the checkpoint's
+    # transaction and the finish's, the refill reads no lanes and no tickets of its own.
+    run_pass(host)
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    with CaptureQueriesContext(connection) as queries:
+        run_pass(host)
+
+    assert calls == [("echo", 1)]
+    sql = [q["sql"] for q in queries.captured_queries]
+    checkpoint = next(i for i, s in enumerate(sql) if 'SET "processed"' in s)
+    finish = next(i for i, s in enumerate(sql) if '"pass_lease_owner" = NULL' in s)
+    finish_reads = finish - 3  # the finish's own: the state, the lanes, the tickets
+    assert '"durable_agent_maintenancestate"' in sql[finish_reads]
+    between = sql[checkpoint + 1 : finish_reads]
+    reads = [s for s in between if s.startswith("SELECT")]
+    assert not [s for s in reads if "durable_agent_duelane" in s or "mutationticket" in s]

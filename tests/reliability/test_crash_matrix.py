@@ -233,15 +233,16 @@ BEGIN_TO_FINISH = {
     "maintenance:finish:after",
     "maintenance:queue:flush",
 }
+# A pass with nothing after its checkpoint is finished by it (Note [The checkpoint finishes a
+# pass that has nothing after it] in durable_agent/maintenance/passes/native.py): it passes
+# no finish failpoint. A failed pass never reaches its finish either.
+CHECKPOINT_FINISHES = BEGIN_TO_FINISH - {"maintenance:finish:before", "maintenance:finish:after"}
 # A fresh head is claimed without a sweep (Note [A thread with nothing to recover is not
-# swept] in durable_agent/maintenance/passes/native.py); a head with recoverable work is
-# recovered before its claim.
-FRESH_ATTEMPT = BEGIN_TO_FINISH
-ATTEMPT = BEGIN_TO_FINISH | {
-    "maintenance:recovery-status:before",
-    "maintenance:recovery-status:after",
-}
-FAILED_PASS = FRESH_ATTEMPT - {"maintenance:finish:before", "maintenance:finish:after"}
+# swept] in the same module); a head with recoverable work is recovered before its claim.
+FRESH_ATTEMPT = CHECKPOINT_FINISHES
+RECOVERY = {"maintenance:recovery-status:before", "maintenance:recovery-status:after"}
+ATTEMPT = BEGIN_TO_FINISH | RECOVERY
+FAILED_PASS = CHECKPOINT_FINISHES
 SCENARIO_FAILPOINTS: dict[str, set[str]] = {
     "gate mutation": BEGIN_TO_FINISH
     | {
@@ -253,7 +254,7 @@ SCENARIO_FAILPOINTS: dict[str, set[str]] = {
     "submit": {"maintenance:queue:flush"},
     "settling head": FRESH_ATTEMPT,
     "failing lane": FAILED_PASS | {"maintenance:retry:before", "maintenance:retry:after"},
-    "recovery pages": ATTEMPT,
+    "recovery pages": CHECKPOINT_FINISHES | RECOVERY,
     "binding park": FRESH_ATTEMPT
     | {
         "maintenance:binding-retry:before",

@@ -50,6 +50,8 @@ def finish(p: Pass, taken: Lease) -> None:
     into ``p.alarm``. Also gives the lease back, and says whether a lane waits for its parked
     notice (``p.parked``).
     """
+    if p.finished:  # Note [The checkpoint finishes a pass that has nothing after it]
+        return
     failpoints.hit("maintenance:finish:before")
 
     def fn(tx: AlarmTx) -> tuple[str, bool]:

@@ -54,7 +54,9 @@ Note [A thread with nothing to recover is not swept]
     attempts its head without the sweep (the work cursor, ``run_recovery``, the recovery
     status transaction), and reads no abort intent for such a head; when every scanned
     submission of the host is such, no thread owns recoverable work and the pass skips
-    ``discover_work_threads`` too (an empty scan still asks it). The selection already
+    ``discover_work_threads`` too (an empty scan still asks it, unless the runtime says its
+    discovery finds only threads its scan returns: ``Runtime``'s optional attribute
+    ``discovery_within_scan``, which the reference runtime sets). The selection already
     excluded faulted and pending threads, so no fault is left to clear. What changes after
     the scan is a producer's mutation: an abort is settled or seen by the claim itself
     (``process_thread_head`` does not run a head with an abort intent), and it advances the
@@ -62,6 +64,33 @@ Note [A thread with nothing to recover is not swept]
     keeps upstream's sweep before every attempt.
 
 Checkpoint: acknowledge what the pass observed, or back off.
+
+Note [The checkpoint finishes a pass that has nothing after it]
+    The general path ends with the finish's transaction (``passes/finish.py``): it gives the
+    lease back and re-arms the slot at the earliest lane, or clears it. When nothing of the
+    pass runs after its checkpoint (no concurrent wave ran beside the native step, no other
+    lane is due, so neither the refill nor the after-native waves would admit one; the event
+    deadline not past), the checkpoint's transaction makes that decision itself
+    (``settle_alarm`` after its own), under the same locks: one transaction and five
+    statements fewer for a pass that ran a fresh submission. What the separate finish would
+    have seen besides, a producer committing between the two, is that producer's to arm: its
+    commit arms the slot (and hints) once the lease is given back or at the lease's expiry, as
+    for any producer that commits after a finish. The refill and the after-native waves of a
+    pass so finished admit nothing (a lane that comes due meanwhile is the slot's), and its
+    finish does nothing.
+
+Note [What the pass already knows after its agents]
+    After its attempts a pass observes again (the checkpoint's scan) and then looks for lanes
+    its agents made due (Note [Deliver what the pass produced] in ``passes/waves.py``). Two
+    of those reads are answered by what the pass already holds. Binding waits: only a pass
+    creates them, under its lease (``record_binding_wait``), so when the first observation
+    found none and no attempt recorded one, none exists and the next observation does not
+    read them (an operator's repair or a registry change only deletes them). The lanes and
+    the producing lanes: the checkpoint's transaction reads them under the host's locks, and
+    when no concurrent wave ran beside the native step nothing of the pass writes a lane
+    after it, so the refill takes them from it rather than reading them again. A producer
+    that commits after the checkpoint is not the pass's product: its own commit arms the
+    slot (and hints), and the finish re-reads everything under the locks.
 
 Note [Acknowledge only the observed generation]
     A pass records the generation it observed when it began. Its checkpoint acknowledges
@@ -101,7 +130,9 @@ from datetime import datetime, timedelta
 from durable_agent import clock, conf, signals
 from durable_agent.errors import BindingUnavailable
 from durable_agent.maintenance import backoff, failpoints
+from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.mutations import gate
+from durable_agent.maintenance.passes.finish import settle_alarm
 from durable_agent.maintenance.passes.pool import bounded_call
 from durable_agent.maintenance.passes.recovery import (
     READ_ABORT_INTENT,
@@ -110,11 +141,18 @@ from durable_agent.maintenance.passes.recovery import (
     record_recovery_faults,
     recover_thread,
 )
-from durable_agent.maintenance.passes.state import Pass
+from durable_agent.maintenance.passes.state import Lease, Pass, release_in
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.maintenance.types import Lane
 from durable_agent.models import BindingRetry, MaintenanceState
 from durable_agent.observability import log_extra
-from durable_agent.runtime import DiscoveryPage, RecoverySweep, WorkItem, stable_external_wait
+from durable_agent.runtime import (
+    DiscoveryPage,
+    RecoverySweep,
+    WorkItem,
+    discovers_scanned_only,
+    stable_external_wait,
+)
 
 
 def run_native(p: Pass) -> None:
@@ -149,6 +187,10 @@ def coming_due(view: View) -> datetime | None:
 
 DISCOVERY_LIMIT = 32
 
+#: The lanes and producing lanes as the checkpoint's transaction left them (Note [What the
+#: pass already knows after its agents]).
+Known = tuple[list[Lane], frozenset[str]]
+
 
 @dataclass
 class View:
@@ -179,7 +221,9 @@ def observe(step: Pass, *, generation: bool = False) -> View:
     cursor = step.last_recovered_thread
     with gate.native_source():
         current = list(runtime.scan_nonterminal(host))
-        if current and not any(item.recoverable for item in current):
+        if (current or discovers_scanned_only(runtime)) and not any(
+            item.recoverable for item in current
+        ):
             owners = DiscoveryPage()  # Note [A thread with nothing to recover is not swept]
         else:
             owners = runtime.discover_work_threads(host, cursor, DISCOVERY_LIMIT)
@@ -193,7 +237,9 @@ def observe(step: Pass, *, generation: bool = False) -> View:
     for thread in owners.threads:
         ids_by_thread.setdefault(thread, [])
     load_recovery_faults(host, ids_by_thread, recovery, selection_time)
-    waits = list(BindingRetry.objects.filter(host_id=host.pk))
+    # Note [What the pass already knows after its agents]
+    waits = [] if step.no_binding_waits else list(BindingRetry.objects.filter(host_id=host.pk))
+    step.no_binding_waits = not waits
     parked = {w.submission for w in waits}
     reports, faults = recovery.reports, recovery.faults
 
@@ -442,6 +488,7 @@ def record_binding_wait(
                 registry_key=key,
             )
 
+    step.no_binding_waits = False  # observe reads them again
     failpoints.hit("maintenance:binding-retry:before")
     run_alarm_transaction(step.host, "record submission binding wait", fn)
     failpoints.hit("maintenance:binding-retry:after")
@@ -511,10 +558,11 @@ def checkpoint(step: Pass) -> None:
 
     scanned_generation = view.scanned_generation
     served = step.last_served_thread
+    lease = step.lease
 
-    def fn(tx: AlarmTx) -> datetime | None:
+    def fn(tx: AlarmTx) -> tuple[datetime | None, Known, tuple[str, bool] | None]:
         state = tx.state
-        active = tx.live_ticket_count(now)
+        active, producing = tx.producing_lanes(now)
         overlap = step.active_at_start > 0 or active > 0
         generation = (
             scanned_generation
@@ -543,12 +591,36 @@ def checkpoint(step: Pass) -> None:
         else:
             due = None
         tx.queue.checkpoint_native(due, on_time=bool(timed) and not untimed and not overlap)
-        return due
+        rows = tx.queue.read()
+        finished = None
+        if nothing_follows(step, rows, now) and isinstance(lease, Lease):
+            # Note [The checkpoint finishes a pass that has nothing after it]
+            release_in(state, lease)
+            finished = settle_alarm(tx, observed, due, active, now)
+        return due, (rows, producing), finished
 
     failpoints.hit("maintenance:checkpoint:before")
-    step.next_at = run_alarm_transaction(step.host, "checkpoint maintenance generation", fn)
+    step.next_at, step.after_checkpoint, finished = run_alarm_transaction(
+        step.host, "checkpoint maintenance generation", fn
+    )
     failpoints.hit("maintenance:checkpoint:after")
     step.nonterminal = len(remaining)
+    if finished is not None:
+        step.alarm, step.parked = finished
+        step.finished = True
+
+
+def nothing_follows(step: Pass, rows: list[Lane], now: datetime) -> bool:
+    """Whether nothing of the pass runs after its checkpoint: no concurrent wave ran beside
+    the native step and no lane but the native one is due (so the refill and the after-native
+    waves would admit nothing), and the event deadline is not past."""
+    return (
+        step.native_only
+        and now < step.event_deadline
+        and not any(
+            row.lane != NATIVE and row.due_at is not None and row.due_at <= now for row in rows
+        )
+    )
 
 
 def _min_delay() -> timedelta:

@@ -74,7 +74,9 @@ class Pass:
     last_served_thread: str | None = None  # the round-robin cursor (the checkpoint writes it)
     last_after_native_lane: str | None = None  # the after-native rotation cursor
     # Note [Nothing or one wave to run]: the one wave begin charged (and when), or the pass
-    # begin finished itself (its slot decision, and whether a parked lane waits for its notice).
+    # begin finished itself (its slot decision, and whether a parked lane waits for its notice);
+    # the native step's checkpoint may finish it too (Note [The checkpoint finishes a pass that
+    # has nothing after it] in ``passes/native.py``).
     wave: tuple[LaneSpec, Lane, datetime] | None = None
     finished: bool = False
     alarm: str = ""
@@ -94,6 +96,11 @@ class Pass:
     settled: int = 0
     progressed: bool = False
     next_at: datetime | None = None  # the native lane's next time, as the step left it
+    # Note [What the pass already knows after its agents]: no binding wait exists (the first
+    # observation found none and the pass recorded none), and the lanes and producing lanes
+    # as the checkpoint's transaction left them.
+    no_binding_waits: bool = False
+    after_checkpoint: tuple[list[Lane], frozenset[str]] | None = None
 
     def __post_init__(self) -> None:
         self.yield_at = self.started_at + conf.yield_after()

@@ -297,11 +297,17 @@ def refill_waves(p: Pass, done: list[Wave]) -> list[Wave]:
         for lane, future, _, _ in done
         if not future.done() or future.cancelled() or future.exception() is not None
     }
-    if clock.now() >= p.yield_at:
+    if clock.now() >= p.yield_at or p.finished:  # Note [The checkpoint finishes a pass ...]
         return []
-    rows = [Lane.from_model(r) for r in p.host.lanes.all()]
+    if not done and p.after_checkpoint is not None:
+        # Note [What the pass already knows after its agents]: no wave of this pass can have
+        # written a lane since the checkpoint's transaction read them.
+        rows, producing = p.after_checkpoint
+    else:
+        rows = [Lane.from_model(r) for r in p.host.lanes.all()]
+        producing = frozenset(gate.active_lanes(p.host))
     rows = [r for r in rows if r.lane not in failed]
-    return admit_waves(p, rows, frozenset(gate.active_lanes(p.host)))
+    return admit_waves(p, rows, producing)
 
 
 def _submit_wave(
@@ -333,7 +339,7 @@ def after_native(p: Pass) -> list[BaseException]:
     selected = [
         s for s in lane_registry.lanes() if lane_registry.step_of(s) == lane_registry.AFTER_NATIVE
     ]
-    if not selected:
+    if not selected or p.finished:  # Note [The checkpoint finishes a pass ...] in native.py
         return []
     rows = {r.lane: r for r in (Lane.from_model(x) for x in p.host.lanes.all())}
     producing = gate.active_lanes(p.host)
