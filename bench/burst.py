@@ -10,6 +10,14 @@ due instant until every handler row is inserted, no slot is armed and the broker
 empty: hosts per second. The lateness columns come from the ``PassRecord`` rows (pass start
 minus the deadline) and from the handler rows (handler start minus the deadline). The median
 run by rate is printed, with every run's rate.
+
+``--count N`` then runs ``N`` hosts once more (not timed: tracing slows every statement) on a
+cluster traced by ``bench/trace.py`` and counts, over every process of the cluster, what the
+database saw from the due instant until the burst drained: statements (the firing, django-q's
+claim and acknowledgement, the task's result row, the pass, its record, the handler's own
+insert), commits and connection health checks, per drained host, and the statements by the
+span that ran them (the firing, the alarm task and its pass, django-q's own work outside
+them).
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import argparse
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,7 +36,13 @@ from typing import Any
 from bench.common import cluster, machine, reset, setup, summary, table, wait_for
 
 
-def run(hosts: int, workers: int, lead: float, profile: str | None = None) -> list[Any]:
+def run(
+    hosts: int,
+    workers: int,
+    lead: float,
+    profile: str | None = None,
+    trace_dir: str | None = None,
+) -> list[Any]:
     from django.utils import timezone
     from django_q.models import OrmQ, Schedule
 
@@ -46,7 +62,8 @@ def run(hosts: int, workers: int, lead: float, profile: str | None = None) -> li
         armed = Schedule.objects.filter(pk__in=slots).exclude(repeats=0).exists()
         return not armed and not OrmQ.objects.exists()
 
-    with cluster(fast=True, workers=workers) as process:
+    env = None if trace_dir is None else {"BENCH_TRACE_DIR": trace_dir}
+    with cluster(fast=True, workers=workers, env=env) as process:
         time.sleep(4)  # let the cluster start
         due = timezone.now() + timedelta(seconds=lead + 0.03 * hosts)
         for host_id in host_ids:
@@ -57,6 +74,8 @@ def run(hosts: int, workers: int, lead: float, profile: str | None = None) -> li
         wait_for(lambda: timezone.now() >= due, timeout=lead + 0.03 * hosts + 5, interval=0.005)
         done = wait_for(drained, timeout=300, interval=0.02)
         seconds = (timezone.now() - due).total_seconds()
+        if trace_dir is not None:
+            (Path(trace_dir) / "window").write_text(f"{due.timestamp()} {time.time()}")
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its flame graph on SIGINT
             spy.wait(timeout=60)
@@ -91,6 +110,42 @@ def run(hosts: int, workers: int, lead: float, profile: str | None = None) -> li
     ]
 
 
+def counted(hosts: int, workers: int, lead: float) -> list[Any]:
+    """One traced run of ``hosts`` hosts: what the database saw per drained host."""
+    directory = tempfile.mkdtemp(prefix="bench-burst-trace-")
+    outcome = run(hosts, workers, lead, trace_dir=directory)
+    start, end = (float(v) for v in (Path(directory) / "window").read_text().split())
+    kinds: Counter[str] = Counter()
+    by_span: Counter[str] = Counter()
+    for path in Path(directory).glob("trace-*.tsv"):
+        lines = [line.split("\t") for line in path.read_text().splitlines()]
+        spans = [
+            (float(a), float(b), thread, name)
+            for a, b, _, thread, kind, name in lines
+            if kind == "span"
+        ]
+        for a, _, _, thread, kind, _ in lines:
+            if not start <= float(a) <= end or kind not in ("sql", "commit", "health"):
+                continue
+            kinds[kind] += 1
+            if kind == "sql":
+                by_span[_outermost(spans, float(a), thread)] += 1
+    drained = int(outcome[1])
+    per = {k: kinds[k] / max(drained, 1) for k in ("sql", "commit", "health")}
+    shown = ", ".join(f"{name} {n / max(drained, 1):.2f}" for name, n in by_span.most_common())
+    return [hosts, drained, per["sql"], per["commit"], per["health"], shown]
+
+
+def _outermost(spans: list[tuple[float, float, str, str]], at: float, thread: str) -> str:
+    """The outermost traced span of ``thread`` around ``at``: the firing, the alarm task (its
+    pass), or none (django-q's own work: claiming, acknowledging, saving the result)."""
+    enclosing = [s for s in spans if s[2] == thread and s[0] <= at <= s[1]]
+    if not enclosing:
+        return "django-q (outside any span)"
+    name = max(enclosing, key=lambda s: s[1] - s[0])[3]
+    return name.split()[0].split(".")[-1]
+
+
 def py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
     """Sample the cluster (every process, idle threads too) until stopped: ``--profile
     out.svg`` (a flame graph) or ``out.txt`` (collapsed stacks)."""
@@ -111,6 +166,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lead", type=float, default=3.0)
     parser.add_argument("--profile", help="py-spy flame graph of the cluster (first run)")
+    parser.add_argument(
+        "--count", type=int, default=0, help="then count the statements of a traced run"
+    )
     args = parser.parse_args()
     setup()
     runs = sorted(
@@ -139,6 +197,13 @@ def main() -> None:
         ],
         [[*runs[len(runs) // 2], rates]],
     )
+    if args.count:
+        table(
+            f"Burst drain, what the database saw per drained host, one traced run of "
+            f"{args.count} hosts ({machine()})",
+            ["hosts", "drained", "statements", "commits", "health checks", "statements by span"],
+            [counted(args.count, args.workers, args.lead)],
+        )
 
 
 if __name__ == "__main__":
