@@ -796,6 +796,8 @@ def main() -> int:
         )
     }
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
+    queued = queued_deliveries()
+    settled = max(total - unsettled, 1)
     passes = PassRecord.objects.count()
     failed_passes = PassRecord.objects.filter(phase="failed").count()
     lateness = sorted(
@@ -875,6 +877,9 @@ def main() -> int:
                 f"| errors not explained (by kind) | {dict(sorted(unexplained.items()))} |",
                 f"| pg_stat_database.deadlocks growth | {deadlocks_grew} |",
                 f"| passes recorded / failed | {passes} / {failed_passes} |",
+                f"| deliveries queued (django-q tasks through the broker's queue) / per settled "
+                f"submission; passes recorded per settled submission | {queued} / "
+                f"{queued / settled:.2f}; {passes / settled:.2f} |",
                 f"| pass lateness ms p50 / p99 / max | {late[50]:.0f} / {late[99]:.0f} / "
                 f"{late[100]:.0f} |",
                 "| load average at the end (1, 5, 15 min; "
@@ -897,6 +902,23 @@ def main() -> int:
         return 1
     shutil.rmtree(errors_dir, ignore_errors=True)  # kept, with the cluster logs, on failure
     return 0
+
+
+def queued_deliveries() -> int:
+    """How many tasks went through the broker's queue in this soak (alarm deliveries the
+    firing enqueued, and anything else enqueued; a prompt pass has no queue row): the rows
+    ever inserted into django-q's ``OrmQ`` table of the soak's fresh database, from
+    PostgreSQL's statistics (``pg_stat_user_tables.n_tup_ins``)."""
+    from django.db import connection
+    from django_q.models import OrmQ
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE relname = %s",
+            [OrmQ._meta.db_table],
+        )
+        return int(cursor.fetchone()[0])
 
 
 if __name__ == "__main__":
