@@ -12,9 +12,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import durable_agent
+from durable_agent import lanes
 from durable_agent.agents import attempts, registry
 from durable_agent.agents.runtime import ReferenceRuntime
-from durable_agent.maintenance import failpoints, run_pass
+from durable_agent.maintenance import alarm, failpoints, gate, run_pass
+from durable_agent.maintenance.passes import waves
 from durable_agent.maintenance.passes.pool import close_thread_pool
 from durable_agent.models import BindingRetry, Host, MaintenanceState, Submission
 from durable_agent.testing import FakeClock
@@ -270,23 +272,57 @@ def test_a_binding_wait_the_pass_recorded_is_read_by_its_checkpoint(
     assert state.processed == state.dirty
 
 
-def test_the_refill_takes_the_lanes_the_checkpoint_read(
+def test_the_checkpoint_finishes_a_pass_that_has_nothing_after_it(
     host: Host, clock: FakeClock, echo: Any, calls: list[Any]
 ) -> None:
-    # Note [What the pass already knows after its agents]: between the checkpoint's
-    # transaction and the finish's, the refill reads no lanes and no tickets of its own.
+    # Note [The checkpoint finishes a pass that has nothing after it]
     run_pass(host)
     durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+    hits: list[str] = []
 
-    with CaptureQueriesContext(connection) as queries:
-        run_pass(host)
+    with failpoints.installed(failpoints.recorder(hits)):
+        report = run_pass(host)
 
     assert calls == [("echo", 1)]
-    sql = [q["sql"] for q in queries.captured_queries]
-    checkpoint = next(i for i, s in enumerate(sql) if 'SET "processed"' in s)
-    finish = next(i for i, s in enumerate(sql) if '"pass_lease_owner" = NULL' in s)
-    finish_reads = finish - 3  # the finish's own: the state, the lanes, the tickets
-    assert '"durable_agent_maintenancestate"' in sql[finish_reads]
-    between = sql[checkpoint + 1 : finish_reads]
-    reads = [s for s in between if s.startswith("SELECT")]
-    assert not [s for s in reads if "durable_agent_duelane" in s or "mutationticket" in s]
+    assert "maintenance:checkpoint:after" in hits
+    assert "maintenance:finish:before" not in hits
+    assert report.alarm == "cleared"
+    state = MaintenanceState.objects.get(host=host)
+    assert (state.pass_lease_owner, state.pass_lease_expires_at) == (None, None)
+    assert state.processed == state.dirty
+    assert alarm.scheduled(host) is None
+
+
+def test_a_lane_the_agent_made_due_runs_in_the_same_pass_from_what_the_checkpoint_read(
+    host: Host, clock: FakeClock, calls: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Note [What the pass already knows after its agents]: the refill delivers the lane the
+    # agent scheduled from the lanes the checkpoint's transaction read (it reads none itself),
+    # and the checkpoint leaves the finish to the finish step, since a lane is due.
+    lanes.register("outbox", lambda ctx: calls.append(("outbox", ctx.lane)))
+
+    @registry.agent("producer", version="1")
+    def producer(ctx: Any, payload: Any) -> Any:
+        gate.schedule(ctx.submission.host_id, "outbox", clock.now())
+        calls.append(("producer", payload))
+        return payload
+
+    run_pass(host)
+    durable_agent.submit(host=host, thread="t", agent="producer", payload=1)
+    active_lanes = waves.gate.active_lanes
+    asked: list[Any] = []
+
+    def spied(host_ref: Any) -> Any:
+        asked.append(host_ref)
+        return active_lanes(host_ref)
+
+    monkeypatch.setattr(waves.gate, "active_lanes", spied)
+    hits: list[str] = []
+
+    with failpoints.installed(failpoints.recorder(hits)):
+        run_pass(host)
+
+    assert calls == [("producer", 1), ("outbox", "outbox")]
+    assert asked == []
+    assert "maintenance:finish:before" in hits
+    assert alarm.scheduled(host) is None
