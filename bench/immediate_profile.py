@@ -2,7 +2,8 @@
 
 ``N`` trivial submissions (``bench-immediate``, a caught-up host each, 0.5 s apart so that no
 two passes overlap) run on a cluster traced by ``bench/trace.py``. For each submission the
-pass whose ``fire_alarm`` span holds the agent's first line is its pass; later passes of the
+pass whose ``fire_alarm`` or ``prompt_pass`` span (an alarm delivery, or a prompt start: Note
+[Prompt start]) holds the agent's first line is its pass; later passes of the
 same host are its follow-up passes. Printed: the stages from ``submit()`` returning to the
 agent's first line (median over the passes), the spans inside the pass, the pass's
 statements, commits, health checks and thread-pool hand-offs, the statements of each alarm
@@ -28,17 +29,19 @@ from bench.immediate import Outcome, call_counted, cluster_errors, make_hosts, r
 
 # (label, from mark, to mark): consecutive stages of the path to the agent's first line.
 STAGES = [
+    ("commit -> the prompt hint reaches the pusher", "returned", "hinted"),
+    ("hint -> dequeue returns the prompt task (no firing)", "hinted", "dequeued"),
     ("commit -> notification reaches the pusher", "returned", "notified"),
     ("notification -> firing starts (deadline - FIRE_AHEAD_MS)", "notified", "firing"),
     ("firing transaction (fire_alarm_batch)", "firing", "fired"),
     ("firing commit -> dequeue returns the task", "fired", "dequeued"),
-    ("pusher -> worker starts fire_alarm (queue, unpickle)", "dequeued", "task"),
-    ("hold_until: the worker waits for the deadline", "task", "held"),
+    ("pusher -> worker starts the task (queue, unpickle)", "dequeued", "task"),
+    ("hold_until: the worker waits for the deadline (an alarm delivery)", "task", "held"),
     ("begin transaction (health check, lease, generation, lanes)", "held", "begun"),
     ("heartbeat thread start, admit waves, barrier", "begun", "native"),
-    ("native observe (scan, discovery, faults, abort intent)", "native", "observed"),
-    ("native select transaction", "observed", "selected"),
-    ("thread-pool hand-off of the attempt", "selected", "attempt"),
+    ("native observe (scan, discovery, faults, binding waits)", "native", "observed"),
+    ("native select (no transaction)", "observed", "selected"),
+    ("dispatch: the attempt starts (inline, or a pool hand-off)", "selected", "attempt"),
     ("recover_thread (cursor read, run_recovery on the runner)", "attempt", "recovered"),
     ("head_of, lease claim transaction, lease keeper start", "recovered", "called"),
     ("run_as_producer -> the agent's first line", "called", "agent"),
@@ -48,6 +51,7 @@ AFTER = [
     ("settled -> the pass ends (checkpoint, waves, finish, record)", "settled", "ended"),
 ]
 TOTAL = "total: submit() returned -> the agent's first line"
+TASK_SPANS = ("tasks.fire_alarm ", "tasks.prompt_pass ")  # the pass of a delivery
 COUNTED = ("sql", "commit", "rollback", "health", "connect", "handoff")
 
 
@@ -60,7 +64,7 @@ class Pass:
     inside: list[Any]
     marks: dict[str, float]
     followups: list[Any] = field(default_factory=list)
-    batch: Any = None  # the pusher's fire_alarm_batch span that fired its slot
+    batch: Any = None  # the pusher's fire_alarm_batch span that fired its slot (alarm only)
 
     @property
     def latency(self) -> float:
@@ -144,11 +148,11 @@ def attribute(
     by_host: dict[int, int],
     starts: dict[str, list[tuple[str, float]]],
 ) -> list[Pass]:
-    """Each submission's pass (the fire_alarm span holding its agent's first line), its marks
-    along the path, and the later passes of its host."""
+    """Each submission's pass (the fire_alarm or prompt_pass span holding its agent's first
+    line), its marks along the path, and the later passes of its host."""
     fires: dict[int, list[Any]] = defaultdict(list)
     for line in lines:
-        if line.kind == "span" and line.name.startswith("tasks.fire_alarm "):
+        if line.kind == "span" and line.name.startswith(TASK_SPANS):
             fires[int(line.name.split()[1])].append(line)
     passes = []
     for host, submission in by_host.items():
@@ -173,8 +177,21 @@ def attribute(
 def path_marks(
     lines: list[Any], inside: list[Any], fire: Any, returned: float
 ) -> tuple[dict[str, float], Any]:
-    deadline = float(fire.name.split()[2])
     marks = {"returned": returned, "task": fire.start, "ended": fire.end}
+    if fire.name.startswith("tasks.prompt_pass "):  # no slot fired: the hint, the dequeue
+        hint = _first(
+            lines,
+            returned - 0.01,
+            lambda ln: ln.kind == "event" and ln.name == f"hint {fire.name.split()[1]}",
+        )
+        if hint is not None:
+            marks["hinted"] = hint.start
+            dequeued = _first(lines, hint.start, lambda ln: ln.name.startswith("dequeue "))
+            if dequeued is not None and dequeued.start <= fire.start:
+                marks["dequeued"] = dequeued.start
+        _pass_marks(inside, fire, marks)
+        return marks, None
+    deadline = float(fire.name.split()[2])
     notify = _first(
         lines,
         returned - 0.01,
@@ -198,13 +215,20 @@ def path_marks(
         dequeued = _first(lines, batch.end, lambda ln: ln.name.startswith("dequeue "))
         if dequeued is not None:
             marks["dequeued"] = dequeued.start
+    _pass_marks(inside, fire, marks)
+    return marks, batch
+
+
+def _pass_marks(inside: list[Any], fire: Any, marks: dict[str, float]) -> None:
+    """The marks inside the pass. A prompt pass holds nothing (``held`` is its start), and a
+    fresh head is not swept (``recovered`` is the attempt's start)."""
     for name, span, at_end in [
         ("held", "tasks.hold_until", True),
         ("begun", "run.begin", True),
-        ("native", "step.run_native", False),
-        ("observed", "observe.observe", True),
-        ("selected", "selection.select", True),
-        ("attempt", "attempts.attempt", False),
+        ("native", "native.run_native", False),
+        ("observed", "native.observe", True),
+        ("selected", "native.select", True),
+        ("attempt", "native.attempt", False),
         ("recovered", "recovery.recover_thread", True),
         ("called", "attempts._call_agent", False),
         ("settled", "attempts._settle", True),
@@ -212,7 +236,9 @@ def path_marks(
         found = _first(inside, fire.start, lambda ln, span=span: ln.name == span)
         if found is not None:
             marks[name] = found.end if at_end else found.start
-    return marks, batch
+    marks.setdefault("held", fire.start)
+    if "attempt" in marks:
+        marks.setdefault("recovered", marks["attempt"])
 
 
 def report(lines: list[Any], passes: list[Pass], client_start: float) -> None:
@@ -242,7 +268,7 @@ def report(lines: list[Any], passes: list[Pass], client_start: float) -> None:
         seen: Counter[str] = Counter()
         for line in p.inside:
             if line.kind == "span":
-                name = " ".join(line.name.split()[:1]) if "fire_alarm" in line.name else line.name
+                name = line.name.split()[0] if line.name.startswith(TASK_SPANS) else line.name
                 durations[name] += line.ms
                 seen[name] += 1
         for name in durations:

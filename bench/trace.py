@@ -16,8 +16,8 @@ Each process appends tab-separated lines to ``<dir>/trace-<pid>.tsv``::
 ``commit``, ``rollback``, ``health`` (Django's ``CONN_HEALTH_CHECKS`` probe, a round trip),
 ``connect``, ``handoff`` (a pass's work queued on its thread pool: queued -> started), ``event``
 (an instant: a notification received, a dequeue that returned tasks). ``bench.immediate``
-reads the files back (``load``) and attributes each line to the pass whose ``fire_alarm`` span
-in the same process encloses it.
+reads the files back (``load``) and attributes each line to the pass whose ``fire_alarm`` or
+``prompt_pass`` span in the same process encloses it.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 # (module, attribute): functions wrapped as spans, replaced in every module that imported them.
 SPANS: list[tuple[str, str]] = [
     ("durable_agent.tasks", "fire_alarm"),
+    ("durable_agent.tasks", "prompt_pass"),
     ("durable_agent.tasks", "hold_until"),
     ("durable_agent.maintenance.passes.run", "begin"),
     ("durable_agent.maintenance.passes.run", "run_waves_and_native"),
@@ -111,6 +112,8 @@ def _span(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             deadline = kwargs.get("deadline")
             when = datetime.fromisoformat(deadline).timestamp() if deadline else 0.0
             label = f"{name} {args[0]} {when:.6f}"
+        elif name == "tasks.prompt_pass":  # the host: bench.immediate matches it
+            label = f"{name} {args[0]}"
         start = time.time()
         try:
             return fn(*args, **kwargs)
@@ -216,6 +219,9 @@ def _wrap_listener() -> None:
         wakes = original(self, timeout)
         now = time.time()
         for wake in wakes:
+            if wake.host is not None:  # a prompt hint (Note [Prompt start])
+                _write(now, now, "event", f"hint {wake.host}")
+                continue
             due = "reconnect" if wake.due is None else f"{wake.due.timestamp():.6f}"
             _write(now, now, "event", f"notify {due}")
         return wakes
