@@ -18,7 +18,7 @@ from durable_agent.agents.runtime import ReferenceRuntime
 from durable_agent.maintenance import alarm, failpoints, gate, run_pass
 from durable_agent.maintenance.passes import waves
 from durable_agent.maintenance.passes.pool import close_thread_pool
-from durable_agent.models import BindingRetry, Host, MaintenanceState, Submission
+from durable_agent.models import BindingRetry, Host, MaintenanceState, PassRecord, Submission
 from durable_agent.testing import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -280,13 +280,23 @@ def test_the_checkpoint_finishes_a_pass_that_has_nothing_after_it(
     durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
     hits: list[str] = []
 
-    with failpoints.installed(failpoints.recorder(hits)):
+    with failpoints.installed(failpoints.recorder(hits)), CaptureQueriesContext(connection) as q:
         report = run_pass(host)
 
     assert calls == [("echo", 1)]
     assert "maintenance:checkpoint:after" in hits
     assert "maintenance:finish:before" not in hits
     assert report.alarm == "cleared"
+    # The record is written in the checkpoint's transaction, before it writes the state row.
+    sql = [query["sql"] for query in q.captured_queries]
+    inserted = [
+        i for i, s in enumerate(sql) if s.startswith('INSERT INTO "durable_agent_passrecord')
+    ]
+    acknowledged = next(i for i, s in enumerate(sql) if 'SET "processed"' in s)
+    assert len(inserted) == 1
+    assert inserted[0] < acknowledged
+    record = PassRecord.objects.filter(host=host).latest("id")
+    assert (record.phase, record.settled, record.alarm) == ("actionable", 1, "cleared")
     state = MaintenanceState.objects.get(host=host)
     assert (state.pass_lease_owner, state.pass_lease_expires_at) == (None, None)
     assert state.processed == state.dirty

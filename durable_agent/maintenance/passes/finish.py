@@ -195,6 +195,16 @@ def record(
     observability.pass_recorded(host, report, started_at=started_at, error=error)
 
 
+def record_pass(p: Pass, report: PassReport, *, deadline: datetime | None) -> None:
+    """Record a pass of the general path, unless its checkpoint's transaction already wrote
+    the record (Note [The checkpoint finishes a pass that has nothing after it] in
+    ``passes/native.py``)."""
+    if p.finished:
+        observability.pass_recorded(p.host, report, started_at=p.started_at, error=None)
+        return
+    record(p.host, p.started_at, report, deadline=deadline)
+
+
 def write_record(
     host: Host,
     started_at: datetime,

@@ -71,8 +71,9 @@ Note [The checkpoint finishes a pass that has nothing after it]
     pass runs after its checkpoint (no concurrent wave ran beside the native step, no other
     lane is due, so neither the refill nor the after-native waves would admit one; the event
     deadline not past), the checkpoint's transaction makes that decision itself
-    (``settle_alarm`` after its own), under the same locks: one transaction and five
-    statements fewer for a pass that ran a fresh submission. What the separate finish would
+    (``settle_alarm`` after its own), under the same locks, and writes the pass's record as
+    the short paths do: one transaction, one commit of the record and five statements fewer
+    for a pass that ran a fresh submission. What the separate finish would
     have seen besides, a producer committing between the two, is that producer's to arm: its
     commit arms the slot (and hints) once the lease is given back or at the lease's expiry, as
     for any producer that commits after a finish. The refill and the after-native waves of a
@@ -132,7 +133,7 @@ from durable_agent.errors import BindingUnavailable
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.mutations import gate
-from durable_agent.maintenance.passes.finish import settle_alarm
+from durable_agent.maintenance.passes.finish import report_of, settle_alarm, write_record
 from durable_agent.maintenance.passes.pool import bounded_call
 from durable_agent.maintenance.passes.recovery import (
     READ_ABORT_INTENT,
@@ -144,7 +145,7 @@ from durable_agent.maintenance.passes.recovery import (
 from durable_agent.maintenance.passes.state import Lease, Pass, release_in
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.maintenance.types import Lane
-from durable_agent.models import BindingRetry, MaintenanceState
+from durable_agent.models import BindingRetry, MaintenanceState, PassPhase
 from durable_agent.observability import log_extra
 from durable_agent.runtime import (
     DiscoveryPage,
@@ -597,6 +598,9 @@ def checkpoint(step: Pass) -> None:
             # Note [The checkpoint finishes a pass that has nothing after it]
             release_in(state, lease)
             finished = settle_alarm(tx, observed, due, active, now)
+            step.alarm, step.nonterminal = finished[0], len(remaining)
+            report = report_of(step, PassPhase.ACTIONABLE.value)
+            write_record(tx.host, step.started_at, report, deadline=step.slot_time)
         return due, (rows, producing), finished
 
     failpoints.hit("maintenance:checkpoint:before")

@@ -48,6 +48,7 @@ from durable_agent.maintenance.passes.finish import (
     finish,
     rearm_failure,
     record,
+    record_pass,
     recorded,
     report_of,
 )
@@ -179,7 +180,7 @@ def _run_pass(
     if p.parked:
         report_parked(p.host.pk)
     report = report_of(p, phase)
-    record(p.host, p.started_at, report, deadline=slot_time)
+    record_pass(p, report, deadline=slot_time)
     return report
 
 
