@@ -125,7 +125,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from durable_agent import clock, conf, signals
@@ -142,7 +142,7 @@ from durable_agent.maintenance.passes.recovery import (
     record_recovery_faults,
     recover_thread,
 )
-from durable_agent.maintenance.passes.state import Lease, Pass, release_in
+from durable_agent.maintenance.passes.state import Known, Lease, Pass, release_in
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
 from durable_agent.maintenance.types import Lane
 from durable_agent.models import BindingRetry, MaintenanceState, PassPhase
@@ -187,10 +187,6 @@ def coming_due(view: View) -> datetime | None:
 
 
 DISCOVERY_LIMIT = 32
-
-#: The lanes and producing lanes as the checkpoint's transaction left them (Note [What the
-#: pass already knows after its agents]).
-Known = tuple[list[Lane], frozenset[str]]
 
 
 @dataclass
@@ -598,8 +594,11 @@ def checkpoint(step: Pass) -> None:
             # Note [The checkpoint finishes a pass that has nothing after it]
             release_in(state, lease)
             finished = settle_alarm(tx, observed, due, active, now)
-            step.alarm, step.nonterminal = finished[0], len(remaining)
-            report = report_of(step, PassPhase.ACTIONABLE.value)
+            report = replace(
+                report_of(step, PassPhase.ACTIONABLE.value),
+                alarm=finished[0],
+                nonterminal=len(remaining),
+            )
             write_record(tx.host, step.started_at, report, deadline=step.slot_time)
         return due, (rows, producing), finished
 

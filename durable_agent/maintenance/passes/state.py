@@ -37,6 +37,10 @@ from durable_agent.maintenance.types import Lane
 from durable_agent.models import Host, MaintenanceState
 from durable_agent.runtime import Runtime
 
+#: The lanes and producing lanes as the checkpoint's transaction left them (Note [What the
+#: pass already knows after its agents] in ``passes/native.py``).
+Known = tuple[list[Lane], frozenset[str]]
+
 
 @dataclass(eq=False)
 class Pass:
@@ -100,7 +104,7 @@ class Pass:
     # observation found none and the pass recorded none), and the lanes and producing lanes
     # as the checkpoint's transaction left them.
     no_binding_waits: bool = False
-    after_checkpoint: tuple[list[Lane], frozenset[str]] | None = None
+    after_checkpoint: Known | None = None
 
     def __post_init__(self) -> None:
         self.yield_at = self.started_at + conf.yield_after()
