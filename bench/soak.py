@@ -534,9 +534,29 @@ def judge(
             for pid, when in chaos.terminated.items()
         )
 
+    # A failed task's own record keeps only the failure's text (PassError drops its cause);
+    # the worker logged the same failure with its traceback just before. That log line, when
+    # excused, excuses the task: the same process, the same text, within a few seconds.
+    logged = [
+        (r["os_pid"], r["at"], m[1])
+        for r in rows
+        if excused(r) and (m := re.match(r"The pass of host \S+ failed: (.+)", r["message"]))
+    ]
+
+    def same_failure_logged(row: dict[str, Any]) -> bool:
+        return row["kind"] == "other:task" and any(
+            os_pid == row.get("os_pid")
+            and abs(row["at"] - at) <= 5
+            and row["message"].startswith(text)
+            for os_pid, at, text in logged
+        )
+
     for row in rows:
         if row.get("request") in explained_requests and row["source"].startswith("server"):
             continue  # the cause of a 5xx counted above
+        if same_failure_logged(row):
+            injected["cluster:task: the failure of a pass logged as " + faults.TERMINATED] += 1
+            continue
         restarted = re.match(r"reincarnated (\w+) .* after sudden death", row["message"])
         if restarted and restart_explained(row):
             injected[f"cluster: {restarted[1]} restarted after {faults.TERMINATED}"] += 1
