@@ -64,6 +64,7 @@ logger = logging.getLogger("durable_agent.broker")
 
 PROBE_INTERVAL = 0.1  # without notifications (SQLite, or the listener is down)
 PROMPT_TASK = "durable_agent.tasks.prompt_pass"
+BATCH = "durable_agent:alarms"  # the django-q group of its tasks
 LISTENING_PROBE_INTERVAL = 1.0  # with them: the trigger covers the next 2 s
 
 
@@ -99,6 +100,28 @@ def earliest_armed() -> Any:
         .order_by("next_run")
         .values_list("next_run", flat=True)
     )
+
+
+def hosts_per_task() -> int:
+    """How many hosts one alarm delivery carries at most: ``ALARM_BATCH_HOSTS`` when the
+    slots run the default alarm task (``fire_alarms`` runs it per host), else 1."""
+    if conf.alarm_task() != conf.get_default("ALARM_TASK"):
+        return 1
+    return max(1, int(conf.get("ALARM_BATCH_HOSTS")))
+
+
+def _batch_host(slot: Schedule) -> int | None:
+    """The host of an alarm slot ``fire_alarms`` may carry (the default task, its host its only
+    argument, the deadline as its ``deadline`` kwarg, no hook), else None."""
+    if slot.hook or slot.intended_date_kwarg != "deadline" or not slot.args:
+        return None
+    try:
+        args = ast.literal_eval(slot.args)
+    except (ValueError, SyntaxError):
+        return None
+    if type(args) is tuple and len(args) == 1:
+        args = args[0]
+    return args if type(args) is int else None
 
 
 def fire_ahead_lead() -> timedelta:
@@ -408,8 +431,34 @@ class AlarmFiring:
         return True
 
     def fire_batch_size(self) -> int:
-        """How many alarm slots one firing transaction fires: one dequeue's worth (``bulk``)."""
-        return max(1, int(Conf.BULK))
+        """How many alarm slots one firing transaction fires: one dequeue's worth (``bulk``)
+        of tasks, each carrying up to ``ALARM_BATCH_HOSTS`` hosts when slots fire together
+        (Note [Several hosts per delivered task])."""
+        return max(1, int(Conf.BULK)) * hosts_per_task()
+
+    def _split(
+        self, slots: list[Schedule]
+    ) -> tuple[list[Schedule], list[list[tuple[int, Schedule]]]]:
+        """The slots that fire a task each, and the groups of ``(host, slot)`` that fire one
+        ``fire_alarms`` task together (Note [Several hosts per delivered task])."""
+        per_task = hosts_per_task()
+        single: list[Schedule] = []
+        batchable: dict[str | None, list[tuple[int, Schedule]]] = {}
+        for slot in slots:
+            host = _batch_host(slot) if per_task > 1 else None
+            if host is None:
+                single.append(slot)
+            else:
+                batchable.setdefault(slot.cluster, []).append((host, slot))
+        together: list[list[tuple[int, Schedule]]] = []
+        for pairs in batchable.values():
+            tasks = min(len(pairs), max(-(-len(pairs) // per_task), int(Conf.WORKERS)))
+            for group in (pairs[i::tasks] for i in range(tasks)):
+                if len(group) == 1:
+                    single.append(group[0][1])
+                else:
+                    together.append(group)
+        return single, together
 
     def fire_alarm_batch(self, due_before: datetime | None = None) -> int:
         """Fire up to ``fire_batch_size()`` due alarm slots of this cluster in one transaction,
@@ -432,6 +481,28 @@ class AlarmFiring:
             transaction commits, so the next batch fires only when the pusher comes back for
             more work: a burst is shared between clusters at the rate each one runs it, and
             a slot waits armed, never disarmed with its task queued, until a pusher takes it.
+
+        Note [Several hosts per delivered task]
+            django-q spends per task what no pass needs once per host: the pusher's pickling
+            and signing and the queue hand-over, the worker's connection health check, the
+            monitor's acknowledgement with its own health check. When several alarm slots of
+            the default alarm task fire together, the firing takes up to ``bulk`` times
+            ``ALARM_BATCH_HOSTS`` of them and gives each of at most ``bulk`` tasks (and at
+            least as many as there are workers, while there are hosts for them) a share of
+            the slots, dealt in deadline order, so each worker starts with the earliest; the
+            task ``durable_agent.tasks.fire_alarms`` runs its hosts' passes one after the
+            other, each exactly as ``fire_alarm`` runs it (held until its deadline, the
+            early-fire guard, its own lease and transactions, its own record). A task left
+            with one host is an ordinary ``fire_alarm`` task, so alarms that do not come due
+            together are delivered as before. One host's failure is logged and recorded by
+            its pass and does not stop the next; the task raises once the others ran, so
+            django-q records the failure. A delivery starts no new pass after
+            ``BATCH_BUDGET_SECONDS``: the hosts left are re-armed, due at once, so a long pass
+            delays the others of its delivery by itself alone. A delivery that dies (its
+            worker killed) leaves the slots of its hosts not yet run fired and disarmed, as a
+            lost single delivery does: django-q redelivers the task after ``retry``, and the
+            sweep re-arms each such host once its deadline is ``SWEEP_GRACE_MS`` old (Note [A
+            fired slot is not a lost one] in ``durable_agent/tasks.py``).
         """
         alias = router.db_for_write(Schedule)
         self._batch = []
@@ -445,7 +516,8 @@ class AlarmFiring:
                     .filter(repeats__gt=0, next_run__lt=due_before or timezone.now())
                     .order_by("next_run")[: self.fire_batch_size()]
                 )
-                for slot in slots:
+                single, together = self._split(slots)
+                for slot in single:
                     args = ast.literal_eval(slot.args) if slot.args else ()
                     if type(args) is not tuple:
                         args = (args,)
@@ -462,6 +534,16 @@ class AlarmFiring:
                     self._enqueue_label = f"{slot.name or slot.id} (alarm slot)"
                     slot.task = async_task(slot.func, *args, **kwargs)
                     slot.repeats = 0
+                for group in together:
+                    self._enqueue_label = f"{', '.join(s.name for _, s in group)} (alarm slots)"
+                    q_options = {"broker": self, "cluster": group[0][1].cluster, "group": BATCH}
+                    task = async_task(
+                        conf.BATCH_ALARM_TASK,
+                        [[host, slot.next_run.isoformat()] for host, slot in group],
+                        q_options=q_options,
+                    )
+                    for _, slot in group:
+                        slot.task, slot.repeats = task, 0
                 self.flush_batch(alias)
                 if slots:
                     Schedule.objects.using(alias).bulk_update(slots, ["task", "repeats"])

@@ -136,6 +136,15 @@ SETTINGS: tuple[Setting, ...] = (
         "delivery until the deadline, so the pass starts at it (0: fire at the deadline).",
     ),
     Setting(
+        "ALARM_BATCH_HOSTS",
+        8,
+        int,
+        1,
+        100,
+        "How many hosts whose alarm slots fire together AlarmBroker hands to one alarm task "
+        "(each host's pass stays its own); 1: one task per host.",
+    ),
+    Setting(
         "PASS_WORKERS",
         2,
         int,
@@ -367,6 +376,10 @@ def random_callable() -> Callable[[], float] | None:
     path = get("RANDOM")
     return None if path is None else import_string(path)
 
+
+#: The task that carries several hosts whose alarm slots fired together (Note [Several hosts
+#: per delivered task] in ``durable_agent/broker.py``).
+BATCH_ALARM_TASK = "durable_agent.tasks.fire_alarms"
 
 # The known-good ``Q_CLUSTER``; docs/settings.md explains every value. Keep it in step with the
 # system checks in checks.py (W003-W005 hold a configuration to it).

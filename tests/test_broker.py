@@ -259,9 +259,11 @@ def test_stop__an_idle_stopping_cluster_logs_no_wait(caplog: pytest.LogCaptureFi
     assert caplog.records == []
 
 
+@override_settings(DURABLE_AGENT={**settings.DURABLE_AGENT, "ALARM_BATCH_HOSTS": 1})
 def test_dequeue__a_burst_fires_bulk_slots_per_dequeue_and_leaves_the_rest_armed(
     db: None,
 ) -> None:
+    """With one host per task: a firing of ``bulk`` slots, each its own ``fire_alarm``."""
     from django_q.conf import Conf
     from django_q.signing import SignedPackage
 
@@ -299,6 +301,60 @@ def test_dequeue__a_burst_fires_bulk_slots_per_dequeue_and_leaves_the_rest_armed
         assert task["kwargs"] == {"deadline": due.isoformat()}
         assert task["group"] == slot.name
         assert slot.task == task["id"]
+
+
+def test_dequeue__slots_due_together_fire_as_tasks_of_several_hosts_dealt_to_the_workers(
+    db: None,
+) -> None:
+    """Note [Several hosts per delivered task]: one firing, one task per worker, each with a
+    share of the hosts dealt in deadline order; every slot disarmed with its task's id."""
+    from django_q.conf import Conf
+    from django_q.signing import SignedPackage
+
+    count = 7
+    hosts = [Host.objects.create(key=f"together-{i}") for i in range(count)]
+    now = timezone.now()
+    for i, host in enumerate(hosts):
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, now)
+        Schedule.objects.filter(pk=Host.objects.get(pk=host.pk).alarm_id).update(
+            next_run=now - timedelta(seconds=1) - timedelta(milliseconds=count - i)
+        )
+    broker = AlarmBroker()
+    broker.listen = False
+    broker._next_sweep = float("inf")
+    kept = broker.dequeue()
+    tasks = [SignedPackage.loads(payload) for _, payload in kept]
+    assert len(tasks) == max(1, int(Conf.WORKERS)) == 2  # the test settings' two workers
+    assert {t["func"] for t in tasks} == {"durable_agent.tasks.fire_alarms"}
+    assert {t["group"] for t in tasks} == {"durable_agent:alarms"}
+    slots = {s.pk: s for s in Schedule.objects.all()}
+    ids = [h.alarm_id for h in Host.objects.filter(pk__in=[h.pk for h in hosts]).order_by("pk")]
+    deliveries = [
+        [
+            [host.pk, slots[slot].next_run.isoformat()]
+            for host, slot in zip(hosts, ids, strict=True)
+        ][i::2]
+        for i in range(2)
+    ]
+    assert [t["args"] for t in tasks] == [(d,) for d in deliveries]  # earliest first, dealt
+    assert not Schedule.objects.exclude(repeats=0).exists()
+    for task, delivery in zip(tasks, deliveries, strict=True):
+        for host_id, _ in delivery:
+            slot = Schedule.objects.get(pk=Host.objects.get(pk=host_id).alarm_id)
+            assert slot.task == task["id"]
+    assert OrmQ.objects.count() == 2
+
+
+def test_hosts_per_task__one_for_an_alarm_task_of_ones_own() -> None:
+    from durable_agent.broker import hosts_per_task
+
+    assert hosts_per_task() == 8
+    custom = {**settings.DURABLE_AGENT, "ALARM_TASK": "tests.tasks.my_alarm"}
+    with override_settings(DURABLE_AGENT=custom):
+        assert hosts_per_task() == 1
+    with override_settings(DURABLE_AGENT={**settings.DURABLE_AGENT, "ALARM_BATCH_HOSTS": 1}):
+        assert hosts_per_task() == 1
 
 
 def test_dequeue__a_rolled_back_firing_hands_over_nothing(

@@ -194,3 +194,88 @@ def test_sweep__applies_a_binding_registry_change(
     assert sweep()["rearmed"] == 1
     drain_alarms(clock)
     assert item.settled
+
+
+# -- several hosts per delivered task (Note [Several hosts per delivered task]) ---------------
+
+
+def _fired_together(hosts: list[Host], clock: FakeClock) -> list[list[Any]]:
+    """Disarm the hosts' slots as a firing does and return the delivery ``fire_alarms`` gets."""
+    deliveries = [[host.pk, alarm.scheduled(host).isoformat()] for host in hosts]  # type: ignore[union-attr]
+    slots = Host.objects.filter(pk__in=[h.pk for h in hosts]).values_list("alarm_id", flat=True)
+    Schedule.objects.filter(pk__in=list(slots)).update(repeats=0)
+    clock.set(max(datetime.fromisoformat(d) for _, d in deliveries))
+    return deliveries
+
+
+def _hosts_with_due_lane(count: int, clock: FakeClock) -> list[Host]:
+    hosts = [Host.objects.create(key=f"together-{i}") for i in range(count)]
+    for host in hosts:
+        caught_up(host)
+        gate.schedule(host, "outbox", clock.now())
+    return hosts
+
+
+def test_fire_alarms__one_hosts_failure_does_not_stop_the_others_and_is_raised_after_them(
+    clock: FakeClock,
+) -> None:
+    from durable_agent import lanes
+    from durable_agent.errors import PassError
+    from durable_agent.tasks import fire_alarms
+
+    ran: list[int] = []
+
+    def handler(ctx: Any) -> None:
+        ran.append(ctx.host.pk)
+        if ctx.host.key == "together-1":
+            raise RuntimeError("this host's lane fails")
+
+    lanes.register("outbox", handler)
+    hosts = _hosts_with_due_lane(3, clock)
+    deliveries = _fired_together(hosts, clock)
+    with pytest.raises(PassError) as raised:
+        fire_alarms(deliveries)
+    assert ran == [h.pk for h in hosts]  # in the delivery's order, the third after the failure
+    assert str(raised.value).endswith(f"(1 of this delivery's passes failed: hosts {hosts[1].pk})")
+    assert "this host's lane fails" in str(raised.value)
+    records = {r.host_id: r for r in PassRecord.objects.all()}
+    assert sorted(records) == sorted(h.pk for h in hosts)  # each host's pass recorded itself
+    assert records[hosts[1].pk].error
+    assert not records[hosts[0].pk].error
+    assert alarm.scheduled(hosts[1]) is not None  # the failed lane's backoff is armed
+    assert alarm.scheduled(hosts[0]) is None
+    assert alarm.scheduled(hosts[2]) is None
+
+
+def test_fire_alarms__a_delivery_past_its_budget_re_arms_the_hosts_left(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_agent import lanes, tasks
+
+    ran: list[int] = []
+    lanes.register("outbox", lambda ctx: ran.append(ctx.host.pk))
+    hosts = _hosts_with_due_lane(3, clock)
+    deliveries = _fired_together(hosts, clock)
+    monkeypatch.setattr(tasks, "BATCH_BUDGET_SECONDS", 0.0)
+    result = tasks.fire_alarms(deliveries)
+    assert ran == [hosts[0].pk]  # the first pass always runs
+    assert [r["host"] for r in result["hosts"]] == [hosts[0].key]
+    for host in hosts[1:]:  # the others are armed again, due at once, for another delivery
+        slot = alarm.scheduled(host)
+        assert slot is not None
+        assert slot <= clock.now() + conf.minimum_alarm_delay()
+    assert alarm.scheduled(hosts[0]) is None
+
+
+def test_fire_alarms__a_held_delivery_holds_each_host_until_its_own_deadline(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_agent import lanes, tasks
+
+    lanes.register("outbox", lambda ctx: None)
+    hosts = _hosts_with_due_lane(2, clock)
+    deliveries = _fired_together(hosts, clock)
+    held: list[datetime] = []
+    monkeypatch.setattr(tasks, "hold_until", held.append)
+    tasks.fire_alarms(deliveries)
+    assert held == [datetime.fromisoformat(d) for _, d in deliveries]

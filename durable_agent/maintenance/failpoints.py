@@ -35,6 +35,7 @@ LOCATIONS: tuple[str, ...] = (
     "maintenance:checkpoint:after",
     "maintenance:finish:before",
     "maintenance:finish:after",
+    "maintenance:batch:next",
 )
 _KNOWN = frozenset(LOCATIONS)
 

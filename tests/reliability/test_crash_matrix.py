@@ -15,16 +15,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django_q.models import Schedule
 
 import durable_agent
-from durable_agent import lanes
+from durable_agent import conf, lanes, tasks
 from durable_agent.agents import recovery as agent_recovery
 from durable_agent.agents import registry
-from durable_agent.errors import AlarmError, PassFailed
+from durable_agent.errors import AlarmError, PassError, PassFailed
 from durable_agent.maintenance import alarm, ensure_alarm, failpoints, gate, run_pass
 from durable_agent.maintenance.failpoints import FailpointError
 from durable_agent.maintenance.operators.audit import audit_host
@@ -211,6 +212,33 @@ def retried_head(host: Host, clock: FakeClock) -> None:
     crashes(lambda: run_pass(host))  # the retry
 
 
+def batch_delivery(host: Host, clock: FakeClock) -> None:
+    """Two hosts whose slots fired together, delivered to one ``fire_alarms`` task (Note
+    [Several hosts per delivered task] in durable_agent/broker.py); after a crash anywhere in
+    it, the sweep re-arms every host of the delivery whose pass did not run."""
+    other = Host.objects.create(key=f"batch-{next(_keys)}")
+    crashes(lambda: submit(other))
+    crashes(lambda: submit(host))
+    together = [h for h in (other, host) if alarm.scheduled(h) is not None]
+    deliveries = [[h.pk, alarm.scheduled(h).isoformat()] for h in together]  # type: ignore[union-attr]
+    slots = Host.objects.filter(pk__in=[h.pk for h in together]).values_list("alarm_id")
+    Schedule.objects.filter(pk__in=slots).update(repeats=0)  # fired, as the broker fires them
+    if deliveries:
+        clock.set(max(datetime.fromisoformat(d) for _, d in deliveries))
+    try:
+        tasks.fire_alarms(deliveries)
+    except FailpointError:
+        pass
+    except PassError as exc:  # a pass of the delivery crashed; the others ran
+        if "failpoint maintenance:" not in str(exc):
+            raise
+    clock.advance(seconds=int(conf.get("SWEEP_GRACE_MS")) / 1000 + 1)
+    tasks.sweep()
+    for h in (other, host):  # no host of the delivery is left with work and no alarm
+        assert audit_host(Host.objects.select_related("alarm").get(pk=h.pk)).ok
+    assert_converges(other, clock)
+
+
 SCENARIOS: dict[str, Callable[[Host, FakeClock], None]] = {
     "gate mutation": gate_mutation,
     "submit": submit_only,
@@ -220,6 +248,7 @@ SCENARIOS: dict[str, Callable[[Host, FakeClock], None]] = {
     "binding park": binding_park,
     "fault retry": fault_retry,
     "retried head": retried_head,
+    "batch delivery": batch_delivery,
 }
 
 BEGIN_TO_FINISH = {
@@ -269,6 +298,7 @@ SCENARIO_FAILPOINTS: dict[str, set[str]] = {
     },
 }
 SCENARIO_FAILPOINTS["retried head"] = FRESH_ATTEMPT
+SCENARIO_FAILPOINTS["batch delivery"] = FRESH_ATTEMPT | {"maintenance:batch:next"}
 CASES = [(s, f) for s in SCENARIOS for f in sorted(SCENARIO_FAILPOINTS[s])]
 
 

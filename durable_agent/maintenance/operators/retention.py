@@ -117,7 +117,7 @@ def prune(now: datetime | None = None) -> dict[str, int]:
     tasks = conf.retention_tasks()
     results = None
     if tasks is not None:
-        funcs = sorted({conf.alarm_task(), conf.get_default("ALARM_TASK")})
+        funcs = sorted({conf.alarm_task(), conf.get_default("ALARM_TASK"), conf.BATCH_ALARM_TASK})
         results = Task.objects.filter(func__in=funcs, stopped__lte=now - tasks)
     tables.append(("pruned_tasks", results, "stopped"))
     submissions = conf.retention_submissions()
