@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 FLOW = """
 import os
 import durable_agent
+from durable_agent import tasks
 from durable_agent.maintenance import ensure_alarm, failpoints, gate, run_pass
 
 def die(name):
@@ -38,6 +39,8 @@ with failpoints.installed(die):
     Submission.objects.filter(pk=first.pk).update(
         state="running", lease_owner="dead", lease_expires_at=gate_now() - timedelta(seconds=1)
     )
+    # A delivery of several hosts' slots (here one), as the broker hands them out.
+    tasks.fire_alarms([[{host}, gate_now().isoformat()]])
     run_pass({host})
     ensure_alarm({host})
 """
