@@ -373,9 +373,21 @@ class AlarmFiring:
     def fire_due_alarms(self) -> bool:
         """Probe (rate-limited) and fire when a slot is due; True if it fired.
 
-        First one batch of due alarm slots (``fire_alarm_batch``); when that batch is full more
-        may be due, and the next dequeue fires the next batch once the pusher has handed this
-        one over. Otherwise django-q's stock ``scheduler()`` fires whatever else is due.
+        First one batch of due alarm slots (``fire_alarm_batch``); when that batch fired at
+        least ``bulk`` slots more may be due, and the next dequeue fires the next batch once the
+        pusher has handed this one over. Otherwise django-q's stock ``scheduler()`` fires
+        whatever else is due.
+
+        Note [The stock scheduler runs after a short firing]
+            django-q's ``scheduler()`` locks every due schedule of its cluster with a plain
+            ``SELECT ... FOR UPDATE`` in no set order, alarm slots included. Two clusters running
+            it at once while a burst's slots are still due can each hold a slot the other
+            waits for: PostgreSQL then reports a deadlock and one firing rolls back. So it runs
+            only once the alarm slots are drained, when a firing fired fewer than ``bulk`` of
+            them (each batch takes up to ``bulk`` times ``ALARM_BATCH_HOSTS``, Note [Several
+            hosts per delivered task], and may come out short only because another cluster
+            holds the rest); ``bench.clusters`` with four clusters showed the deadlock when
+            any batch shorter than its size ran it.
         """
         try:
             self.probe()
@@ -388,10 +400,10 @@ class AlarmFiring:
             stuck = first == self._last_fired  # the last firing left this very slot armed
             self.due_at = None
             with self._firing_round():
-                if self.fire_alarm_batch() >= self.fire_batch_size():
+                if self.fire_alarm_batch() >= max(1, int(Conf.BULK)):
                     self.due_at = first  # still due (or fired): fire again without a probe
                     return True
-                scheduler(broker=self)
+                scheduler(broker=self)  # Note [The stock scheduler runs after a short firing]
             self._last_fired = first
             if not stuck:  # while slots keep coming due, look again at once
                 self._next_probe = 0.0
