@@ -113,15 +113,19 @@ def hosts_per_task() -> int:
 def _batch_host(slot: Schedule) -> int | None:
     """The host of an alarm slot ``fire_alarms`` may carry (the default task, its host its only
     argument, the deadline as its ``deadline`` kwarg, no hook), else None."""
-    if slot.hook or slot.intended_date_kwarg != "deadline" or not slot.args:
+    if slot.hook or slot.intended_date_kwarg != "deadline":
         return None
     try:
-        args = ast.literal_eval(slot.args)
+        args = _slot_args(slot)
     except (ValueError, SyntaxError):
         return None
-    if type(args) is tuple and len(args) == 1:
-        args = args[0]
-    return args if type(args) is int else None
+    return args[0] if len(args) == 1 and type(args[0]) is int else None
+
+
+def _slot_args(slot: Schedule) -> tuple[Any, ...]:
+    """The positional arguments of the task ``slot`` runs (django-q's ``args``, a literal)."""
+    args = ast.literal_eval(slot.args) if slot.args else ()
+    return args if type(args) is tuple else (args,)
 
 
 def fire_ahead_lead() -> timedelta:
@@ -530,9 +534,7 @@ class AlarmFiring:
                 )
                 single, together = self._split(slots)
                 for slot in single:
-                    args = ast.literal_eval(slot.args) if slot.args else ()
-                    if type(args) is not tuple:
-                        args = (args,)
+                    args = _slot_args(slot)
                     q_options: dict[str, Any] = {
                         "broker": self,
                         "cluster": slot.cluster,

@@ -70,7 +70,9 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
     started = time.monotonic()
     for index, (host_id, deadline) in enumerate(deliveries):
         if index and time.monotonic() - started > BATCH_BUDGET_SECONDS:
-            _rearm([int(host) for host, _ in deliveries[index:]])
+            rearm(
+                [int(host) for host, _ in deliveries[index:]], "after its delivery ran out of time"
+            )
             break
         failpoints.hit("maintenance:batch:next")
         try:
@@ -86,15 +88,19 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
     return {"hosts": results}
 
 
-def _rearm(hosts: list[int]) -> None:
-    """Arm the alarms of ``hosts``, whose delivery ran out of time before their passes."""
+def rearm(hosts: list[int], why: str) -> int:
+    """Arm the alarms of ``hosts`` (``ensure_alarm`` each; a host deleted meanwhile is skipped,
+    a failure logged with ``why`` and left to the next sweep); return how many were armed."""
+    armed = 0
     for host_id in hosts:
         try:
             passes.ensure_alarm(host_id)
+            armed += 1
         except HostNotFound:
             continue
-        except Exception:  # the sweep re-arms it after SWEEP_GRACE_MS
-            logger.exception("Could not re-arm host %s after its delivery ran out of time", host_id)
+        except Exception:
+            logger.exception("Could not re-arm host %s %s", host_id, why)
+    return armed
 
 
 def prompt_pass(host_id: int, **_: Any) -> dict[str, Any]:
@@ -152,12 +158,7 @@ def sweep(*, page_size: int = SWEEP_PAGE_SIZE) -> dict[str, int]:
     after = 0
     while True:
         page = _sweep_page(after=after, limit=page_size)
-        for host_id in page:
-            try:
-                passes.ensure_alarm(host_id)
-                rearmed += 1
-            except Exception:
-                logger.exception("Sweep could not re-arm host %s", host_id)
+        rearmed += rearm(page, "in the sweep")
         if len(page) < page_size:
             break
         after = page[-1]
