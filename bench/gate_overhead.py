@@ -16,7 +16,7 @@ the cases that decide what the alarm transaction writes to the slot:
 - **coalesces**: the slot already holds an earlier time: nothing to move.
 
 Each case runs on PostgreSQL through the commit function (Note [The commit function] in
-``durable_agent/migrations/sql/0010_commit_intent.sql``) and, for comparison in the same
+``durable_agent/migrations/sql/0015_commit_intent.sql``) and, for comparison in the same
 minute, through the Python path (``run_alarm_transaction``). The variants are interleaved.
 ``--runs`` repeats the whole measurement and reports the median of the runs' percentiles.
 "statements" counts what Django sends, BEGIN and COMMIT included: one round trip each.

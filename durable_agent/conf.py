@@ -124,7 +124,8 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         86_400_000,
         "How long a fired slot's delivery may wait in the queue before the sweep calls the "
-        "alarm lost and re-arms its host.",
+        "alarm lost and re-arms its host; until then producers leave the slot to that "
+        "delivery.",
     ),
     Setting(
         "FIRE_AHEAD_MS",

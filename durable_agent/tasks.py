@@ -71,7 +71,9 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
     for index, (host_id, deadline) in enumerate(deliveries):
         if index and time.monotonic() - started > BATCH_BUDGET_SECONDS:
             rearm(
-                [int(host) for host, _ in deliveries[index:]], "after its delivery ran out of time"
+                [int(host) for host, _ in deliveries[index:]],
+                "after its delivery ran out of time",
+                delivered=True,
             )
             break
         failpoints.hit("maintenance:batch:next")
@@ -88,13 +90,14 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
     return {"hosts": results}
 
 
-def rearm(hosts: list[int], why: str) -> int:
+def rearm(hosts: list[int], why: str, *, delivered: bool = False) -> int:
     """Arm the alarms of ``hosts`` (``ensure_alarm`` each; a host deleted meanwhile is skipped,
-    a failure logged with ``why`` and left to the next sweep); return how many were armed."""
+    a failure logged with ``why`` and left to the next sweep); return how many were armed.
+    ``delivered``: the caller is the hosts' queued delivery, which will not run their passes."""
     armed = 0
     for host_id in hosts:
         try:
-            passes.ensure_alarm(host_id)
+            passes.ensure_alarm(host_id, delivered=delivered)
             armed += 1
         except HostNotFound:
             continue

@@ -48,7 +48,7 @@ LOCK_ORDER = (
 STATE_TABLE = "durable_agent_maintenancestate"
 
 # Server-side functions and the tables they lock with FOR UPDATE, in order (Note [The commit
-# function] in durable_agent/migrations/sql/0010_commit_intent.sql). Their first argument is the
+# function] in durable_agent/migrations/sql/0015_commit_intent.sql). Their first argument is the
 # host. Like the Python path they then write the schedule row with a plain UPDATE, which the
 # capture does not count; tests/maintenance/mutations/test_commit_function.py checks the whole
 # order, schedule row last, against a second connection.

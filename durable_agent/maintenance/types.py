@@ -111,10 +111,24 @@ CANCEL = "cancel"
 
 @dataclass
 class Checkpoint:
-    """The checkpoint intent of one alarm transaction; the last call wins."""
+    """The checkpoint intent of one alarm transaction; the last call wins.
+
+    ``current`` is the time the slot holds, or, with ``queued``, the deadline of a fired slot
+    whose delivery waits in the queue and has not begun (Note [A queued delivery holds the
+    slot] in ``durable_agent/maintenance/store/rows.py``): it counts as armed at that time
+    until a pass begins and spends it (:meth:`spend`).
+    """
 
     current: datetime | None
     intent: tuple[str, datetime | None] | None = None
+    queued: bool = False
+    spent: bool = False
+
+    def spend(self) -> None:
+        """A pass begins: the queued delivery the slot held is used up, and the slot is
+        disarmed unless this transaction arms it (it is written either way)."""
+        if self.queued:
+            self.current, self.queued, self.spent = None, False, True
 
     def at(self, when: datetime) -> None:
         """Replace the slot with ``when`` (it may move later)."""

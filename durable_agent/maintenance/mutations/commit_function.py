@@ -1,6 +1,6 @@
 """gate.transaction's commit in one round trip on PostgreSQL (Note [The commit function]).
 
-The SQL function lives in ``durable_agent/migrations/sql/0010_commit_intent.sql``. This module
+The SQL function lives in ``durable_agent/migrations/sql/0015_commit_intent.sql``. This module
 folds one host's buffered intent into its arguments, or answers None when the intent is
 unusual and must take the Python path (``run_alarm_transaction``):
 
@@ -35,13 +35,14 @@ from durable_agent import clock, conf
 from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound, RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.store.rows import queued_after
 from durable_agent.maintenance.store.transactions import _safe_message
 from durable_agent.maintenance.types import EPOCH, ProgressOp, ScheduleOp
 from durable_agent.models import MaintenanceState
 
 SQL = (
     "SELECT durable_agent_commit_intent(%s, %s::text[], %s::timestamptz[], %s::integer[], "
-    "%s::boolean[], %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "%s::boolean[], %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 #: The channel of the prompt hint (Note [Prompt hint] in ``gate.py``).
 PROMPT_CHANNEL = "durable_agent_prompt"
@@ -134,6 +135,7 @@ def commit(intent: Intent, operation: str, *, hint: bool = False) -> int:
     assert intent.wake is not None
     connection = connections[router.db_for_write(MaintenanceState)]
     names = list(intent.lanes)
+    now = clock.now()
     params: list[Any] = [
         intent.host_id,
         names,
@@ -145,12 +147,13 @@ def commit(intent: Intent, operation: str, *, hint: bool = False) -> int:
         intent.native_touched,
         intent.wake,
         intent.wake_after_lanes,
-        clock.now(),
+        now,
         timezone.now(),
         backoff.MAXIMUM_NO_PROGRESS_REARMS,
         EPOCH,
         conf.alarm_task(),
         conf.alarm_cluster(),
+        queued_after(now),
     ]
     try:
         with connection.cursor() as cursor:

@@ -27,7 +27,7 @@ from durable_agent.maintenance.operators.attention import Attention, attention
 from durable_agent.maintenance.passes.ensure import ensure_alarm
 from durable_agent.maintenance.store import selectors
 from durable_agent.maintenance.store.alarm import rearm
-from durable_agent.maintenance.store.rows import slot_deadline
+from durable_agent.maintenance.store.rows import queued_after, queued_delivery, slot_deadline
 from durable_agent.maintenance.store.selectors import OVERDUE_AFTER
 from durable_agent.models import (
     BindingRetry,
@@ -205,7 +205,7 @@ def audit_host(
     return _judge(
         host.key,
         now=now,
-        slot=slot_deadline(host.alarm),
+        slot=slot_deadline(host.alarm) or queued_delivery(host.alarm, now),
         state=_State(
             state.dirty, state.processed, state.pass_lease_expires_at, state.pass_lease_owner
         )
@@ -478,7 +478,7 @@ def _audit_pages(
 
 def _figures(now: datetime, registry_key: str | None) -> list[tuple[Any, ...]]:
     """One row of figures per candidate host, by id: ``(pk, key, alarm_id, repeats, next_run,
-    state, dirty, processed, lease_at, owner, earliest, last_phase, n_stale, n_expired,
+    task, state, dirty, processed, lease_at, owner, earliest, last_phase, n_stale, n_expired,
     n_failed, n_parked)`` (``last_phase``: ``failed`` or None), the figures :func:`_unhealthy`
     annotates, read as a few
     grouped queries over the candidates' rows instead of subqueries per host (Note [Counting
@@ -532,6 +532,7 @@ def _figures(now: datetime, registry_key: str | None) -> list[tuple[Any, ...]]:
             "alarm_id",
             "alarm__repeats",
             "alarm__next_run",
+            "alarm__task",
             "maintenance__pk",
             "maintenance__dirty",
             "maintenance__processed",
@@ -562,10 +563,14 @@ def _audit_listed(hosts: int, now: datetime, registry_key: str | None, listed: i
     delay, threshold = conf.minimum_alarm_delay(), selectors.failing_after()
     lists: dict[str, list[int]] = {name: [] for name in AuditCounts.LISTS}
     parked_lanes = expired = 0
-    for (pk, key, alarm, repeats, next_run, state, dirty, processed, lease_at, owner,
+    queued_from = queued_after(now)
+    for (pk, key, alarm, repeats, next_run, task, state, dirty, processed, lease_at, owner,
          earliest, last_phase, n_stale, n_expired, n_failed, n_parked) in rows:  # fmt: skip
-        # _may_be_unhealthy, on the figures read (one subquery each instead of one per use)
-        armed = alarm is not None and repeats != 0
+        # _may_be_unhealthy, on the figures read (one subquery each instead of one per use); a
+        # queued delivery is armed at its deadline (Note [A queued delivery holds the slot])
+        armed = alarm is not None and (
+            repeats != 0 or (bool(task) and next_run is not None and next_run > queued_from)
+        )
         owes = state is not None and (dirty > processed or earliest is not None)
         late = not armed or (
             next_run is not None

@@ -60,10 +60,12 @@ def register_framework_lanes(tx: AlarmTx, now: datetime) -> None:
         tx.queue.dirty(RECOVERY_EVENTS, now)
 
 
-def ensure_alarm(host: Host | str | int) -> datetime | None:
+def ensure_alarm(host: Host | str | int, *, delivered: bool = False) -> datetime | None:
     """The O(1) constructor gate: registry check, lane registration and an armed slot.
 
-    Never scans the ledger. Returns the time the slot holds afterwards.
+    Never scans the ledger. Returns the time the slot holds afterwards. A queued delivery
+    counts as armed (Note [A queued delivery holds the slot] in ``store/rows.py``), unless
+    ``delivered``: the caller is that delivery and runs no pass, so it spends it first.
     """
     host_id = resolve_host_id(host)
     runtime = get_runtime()
@@ -71,6 +73,8 @@ def ensure_alarm(host: Host | str | int) -> datetime | None:
     now = clock.now()
 
     def fn(tx: AlarmTx) -> datetime | None:
+        if delivered:
+            tx.checkpoint.spend()
         read_current_state(tx, runtime)
         register_framework_lanes(tx, now)
         target = computed_deadline(tx, now)

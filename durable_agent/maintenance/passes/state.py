@@ -203,6 +203,9 @@ def take(
     expires = now + conf.pass_lease_ttl()
     state.pass_lease_owner = owner
     state.pass_lease_expires_at = expires
+    # This pass sees all that was committed before it: a queued delivery is spent, and the
+    # slot becomes the backstop at the lease's expiry (Note [A queued delivery holds the slot]).
+    checkpoint.spend()
     checkpoint.earlier(expires)
     return Lease(host_id, owner, expires)
 

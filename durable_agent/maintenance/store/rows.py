@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, router
@@ -227,10 +227,58 @@ def slot_deadline(schedule: Schedule | None) -> datetime | None:
     return value
 
 
+def queued_delivery(schedule: Schedule | None, now: datetime) -> datetime | None:
+    """The deadline of the slot's queued delivery (Note [A queued delivery holds the slot]):
+    the slot fired (``repeats=0``) with a task that no pass has begun, ``SWEEP_GRACE_MS`` ago
+    at most. None otherwise.
+
+    Note [A queued delivery holds the slot]
+        Firing a slot disarms it and records its task (``repeats=0``, ``task`` set, ``next_run``
+        left at the deadline); the delivery may then wait in the queue, behind a burst for
+        seconds. A producer that found the slot disarmed armed it again, and the slot fired
+        again while the first delivery still waited: under overload every new submission of
+        a queued host added one more delivery. A fired slot whose task is still recorded is
+        therefore treated by every alarm transaction as armed at its fired deadline: a
+        producer's ``earlier`` keeps it and writes nothing, because the queued delivery's
+        pass begins under the host's state lock and so sees whatever the producer committed
+        before it. Every pass spends the delivery when it takes the lease
+        (``Checkpoint.spend`` in ``state.take``), and every write of the slot clears ``task``:
+        from then on the slot is armed or disarmed as the pass decides, the backstop at the
+        lease's expiry included. A delivery that never begins (its worker killed, the queue
+        lost) stops counting once its deadline is ``SWEEP_GRACE_MS`` old: the next producer
+        arms the slot, and the sweep re-arms a host with nothing new (Note [A fired slot is
+        not a lost one] in ``durable_agent/tasks.py``, the same grace). The commit function
+        applies the same rule (``migrations/sql/0015_commit_intent.sql``), and so does the
+        audit, which reports a queued delivery's host as armed at its deadline.
+        ``SWEEP_GRACE_MS=0`` turns the rule off.
+    """
+    if schedule is None or schedule.repeats != 0 or not schedule.task:
+        return None
+    value: datetime = schedule.next_run
+    return value if value > queued_after(now) else None
+
+
+def queued_after(now: datetime) -> datetime:
+    """A fired slot's delivery counts as queued while its deadline is after this time."""
+    return now - timedelta(milliseconds=int(conf.get("SWEEP_GRACE_MS")))
+
+
+def slot_checkpoint(schedule: Schedule | None, now: datetime) -> Checkpoint:
+    """The checkpoint of an alarm transaction that found ``schedule``: the time it holds, or
+    its queued delivery's deadline (Note [A queued delivery holds the slot])."""
+    queued = queued_delivery(schedule, now)
+    if queued is not None:
+        return Checkpoint(current=queued, queued=True)
+    return Checkpoint(current=slot_deadline(schedule))
+
+
 def apply_checkpoint(host: Host, checkpoint: Checkpoint) -> datetime | None:
-    """Write the checkpoint's target to the host's schedule row (inside the alarm transaction)."""
+    """Write the checkpoint's target to the host's schedule row (inside the alarm transaction).
+
+    Any write clears the slot's ``task``: a queued delivery no longer holds it (Note [A queued
+    delivery holds the slot]); a spent one is written even when its target is unchanged."""
     target = checkpoint.target()
-    if checkpoint.intent is None or target == checkpoint.current:
+    if not checkpoint.spent and (checkpoint.intent is None or target == checkpoint.current):
         return target
     schedule = host.alarm
     if schedule is None:
@@ -249,10 +297,10 @@ def apply_checkpoint(host: Host, checkpoint: Checkpoint) -> datetime | None:
         Host.objects.filter(pk=host.pk).update(alarm=schedule)
         host.alarm = schedule
     elif target is None:
-        Schedule.objects.filter(pk=schedule.pk).update(repeats=0)
-        schedule.repeats = 0
+        Schedule.objects.filter(pk=schedule.pk).update(repeats=0, task=None)
+        schedule.repeats, schedule.task = 0, None
     else:
-        Schedule.objects.filter(pk=schedule.pk).update(next_run=target, repeats=1)
-        schedule.next_run, schedule.repeats = target, 1
-    checkpoint.current = target
+        Schedule.objects.filter(pk=schedule.pk).update(next_run=target, repeats=1, task=None)
+        schedule.next_run, schedule.repeats, schedule.task = target, 1, None
+    checkpoint.current, checkpoint.queued, checkpoint.spent = target, False, False
     return target

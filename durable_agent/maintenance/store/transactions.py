@@ -44,7 +44,7 @@ from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.rows import (
     apply_checkpoint,
     lock_state_row,
-    slot_deadline,
+    slot_checkpoint,
     update_where,
 )
 from durable_agent.maintenance.types import Checkpoint
@@ -339,7 +339,7 @@ def run_alarm_transaction(
                 raise HostNotFound(f"No host with id {host_id}", host=host_id)
             state.host = host_row
             queue.register(NATIVE)  # the gate's construction: the native lane always exists
-            checkpoint = Checkpoint(current=slot_deadline(state.host.alarm))
+            checkpoint = slot_checkpoint(state.host.alarm, clock.now())
             before = _state_values(state)
             tx = AlarmTx(host_id, operation, state, queue, checkpoint)
             with _entered(tx):

@@ -1,3 +1,5 @@
+-- The first version of the function, installed by migration 0010. Migration 0015 replaces it with
+-- the current one (sql/0015_commit_intent.sql, where Note [The commit function] is kept up to date).
 -- durable_agent_commit_intent: one gate.transaction commit's alarm transaction, server-side.
 --
 -- Note [The commit function]
