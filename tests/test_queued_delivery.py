@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -26,9 +25,7 @@ from tests.qdrive import run_enqueued
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(
-    params=["python path", pytest.param("commit function", marks=pytest.mark.postgres)]
-)
+@pytest.fixture(params=["python path", pytest.param("commit function", marks=pytest.mark.postgres)])
 def producer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways a producer's commit writes the slot (the commit function: PostgreSQL only)."""
     if request.param == "python path":
@@ -39,10 +36,10 @@ def producer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.fixture
-def ran() -> Iterator[list[int]]:
+def ran() -> list[int]:
     seen: list[int] = []
     lanes.register("outbox", lambda ctx: seen.append(ctx.host.pk))
-    yield seen
+    return seen
 
 
 def _broker() -> AlarmBroker:
@@ -92,7 +89,7 @@ def test_queued_delivery__past_the_sweep_grace_it_is_lost_and_a_producer_arms_th
 ) -> None:
     grace = timedelta(milliseconds=int(settings.DURABLE_AGENT.get("SWEEP_GRACE_MS", 60_000)))
     host, _ = _fired("lost", ago=grace + timedelta(seconds=1))
-    assert not audit_host(Host.objects.get(pk=host.pk)).ok  # owed work, and the delivery is presumed lost
+    assert not audit_host(Host.objects.get(pk=host.pk)).ok  # owed work, the delivery presumed lost
     gate.schedule(host, "outbox", timezone.now())
     slot = _slot(host)
     assert (slot.repeats, slot.task) == (1, None)
