@@ -592,6 +592,7 @@ def main() -> int:
     errors_dir = Path(tempfile.mkdtemp(prefix="soak-"))
     os.environ["BENCH_ERROR_DIR"] = str(errors_dir)
     setup()
+    count_firings()
     from django.conf import settings
     from django.db import connections
     from django.db.models import Count
@@ -817,6 +818,7 @@ def main() -> int:
     }
     summary = audit_all(registry_key=get_runtime().binding_registry_key())
     queued = queued_deliveries()
+    firings = fired_slots()
     settled = max(total - unsettled, 1)
     passes = PassRecord.objects.count()
     failed_passes = PassRecord.objects.filter(phase="failed").count()
@@ -900,6 +902,8 @@ def main() -> int:
                 f"| deliveries queued (django-q tasks through the broker's queue) / per settled "
                 f"submission; passes recorded per settled submission | {queued} / "
                 f"{queued / settled:.2f}; {passes / settled:.2f} |",
+                f"| alarm slots fired (host deliveries) / per settled submission | {firings} / "
+                f"{firings / settled:.2f} |",
                 f"| pass lateness ms p50 / p99 / max | {late[50]:.0f} / {late[99]:.0f} / "
                 f"{late[100]:.0f} |",
                 "| load average at the end (1, 5, 15 min; "
@@ -922,6 +926,39 @@ def main() -> int:
         return 1
     shutil.rmtree(errors_dir, ignore_errors=True)  # kept, with the cluster logs, on failure
     return 0
+
+
+FIRINGS_SQL = """
+CREATE TABLE soak_firing (slot integer, task varchar(100));
+CREATE FUNCTION soak_count_firing() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak_firing VALUES (NEW.id, NEW.task);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER soak_firing AFTER UPDATE ON django_q_schedule FOR EACH ROW
+    WHEN (OLD.repeats <> 0 AND NEW.repeats = 0 AND NEW.task IS NOT NULL
+          AND NEW.task IS DISTINCT FROM OLD.task)
+    EXECUTE FUNCTION soak_count_firing();
+"""
+
+
+def count_firings() -> None:
+    """Record every firing of an alarm slot in the soak's fresh database (a trigger on
+    django-q's ``Schedule``): a row written from armed to disarmed with a new task id. Unlike
+    the queue's rows, this counts hosts, however many of them one task carries."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(FIRINGS_SQL)
+
+
+def fired_slots() -> int:
+    """How many times an alarm slot fired in this soak."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM soak_firing")
+        return int(cursor.fetchone()[0])
 
 
 def queued_deliveries() -> int:

@@ -409,6 +409,7 @@ def _prearm(
             created_at=now,
             expires_at=now + conf.mutation_ticket_ttl(),
         )
+        tx.queue.tickets = None  # read with the lanes, before this one
         if invalidates_recovery:
             queue.dirty(NATIVE, now)  # enrollment, not progress
             if publication:
@@ -430,6 +431,7 @@ def _end_mutation(host_id: int, ticket_id: int) -> None:
 
     def fn(tx: AlarmTx) -> None:
         MutationTicket.objects.filter(pk=ticket_id).delete()
+        tx.queue.tickets = None  # read with the lanes, before this delete
         earliest = tx.queue.next()
         if earliest is not None:  # a hint: no minimum delay
             tx.checkpoint.earlier(max(now, earliest))

@@ -7,6 +7,7 @@ a compare-and-set on ``revision``: a row that moved behind the view fails the wh
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -15,7 +16,7 @@ from django.db import IntegrityError, transaction
 from durable_agent.errors import RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
-from durable_agent.maintenance.store.rows import load_lanes, update_where
+from durable_agent.maintenance.store.rows import Tickets, load_lanes_and_tickets, update_where
 from durable_agent.maintenance.types import EPOCH, Lane, validate_cursor, validate_deadline
 from durable_agent.models import DueLane, Host, LaneState
 
@@ -37,15 +38,20 @@ class DueQueue:
         self._before: dict[str, Lane | None] = {}
         # The earliest deadline requested per lane in this transaction.
         self._requested: dict[str, datetime] = {}
+        # The host's mutation tickets, when read with the lanes (Note [The tickets come with
+        # the lanes] in rows.py); None: ask the database.
+        self.tickets: Tickets | None = None
 
     @classmethod
     def load(cls, host_id: int) -> tuple[DueQueue, Host | None]:
         """Read (and on PostgreSQL lock) the host's rows, in lane order, with the host and its
         alarm slot joined in (one statement; see Note [Read the slot after the lock])."""
-        rows, host = load_lanes(host_id)
+        rows, host, tickets = load_lanes_and_tickets(host_id)
         if host is None:  # no lanes yet (a first use): the host and its slot alone
             host = Host.objects.select_related("alarm").filter(pk=host_id).first()
-        return cls(host_id, rows), host
+        queue = cls(host_id, rows)
+        queue.tickets = tickets
+        return queue, host
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -253,16 +259,21 @@ class DueQueue:
                         lane=lane,
                     ) from exc
                 continue
-            written = update_where(
+            update_where(
                 DueLane,
                 after.fields(),
                 {"host": self.host_id, "lane": lane, "revision": before.revision},
+                then=functools.partial(_compared_and_set, lane),
             )
-            if written != 1:
-                raise RevisionConflict(
-                    "flush maintenance due queue",
-                    "Maintenance due revision changed during transaction",
-                    lane=lane,
-                )
         self._before.clear()
         return len(changes)
+
+
+def _compared_and_set(lane: str, written: int) -> None:
+    """A lane's revision compare-and-set wrote its row, or the lane changed behind the view."""
+    if written != 1:
+        raise RevisionConflict(
+            "flush maintenance due queue",
+            "Maintenance due revision changed during transaction",
+            lane=lane,
+        )

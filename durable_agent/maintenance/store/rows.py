@@ -27,7 +27,10 @@ just before it commits); the services on the slot are in ``alarm.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,7 +42,7 @@ from django_q.models import Schedule
 
 from durable_agent import conf
 from durable_agent.maintenance.types import Checkpoint, Lane
-from durable_agent.models import DueLane, Host, MaintenanceState
+from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
 
@@ -90,6 +93,7 @@ class _Reads:
     host: _Columns
     slot: _Columns
     load_sql: str
+    with_tickets: bool  # load_sql's last column holds the host's tickets, and takes its id twice
 
 
 _cache: dict[tuple[str, str], _Reads] = {}
@@ -125,14 +129,23 @@ def _reads(connection: BaseDatabaseWrapper) -> _Reads:
     host_alarm = quote(_column(Host, "alarm"))
     slot_pk = quote(_column(Schedule))
     of = " OF " + lanes_t if connection.features.has_select_for_update_of else ""
+    columns = lane.sql + host.sql + slot.sql
+    with_tickets = connection.vendor == "postgresql"
+    if with_tickets:  # Note [The tickets come with the lanes]
+        tickets_t = quote(MutationTicket._meta.db_table)
+        columns.append(
+            f"(SELECT json_agg(json_build_array(t.{quote(_column(MutationTicket, 'lanes'))}, "
+            f"t.{quote(_column(MutationTicket, 'expires_at'))})) FROM {tickets_t} t "
+            f"WHERE t.{quote(_column(MutationTicket, 'host'))} = %s)"
+        )
     load_sql = (
-        f"SELECT {', '.join(lane.sql + host.sql + slot.sql)} FROM {lanes_t} "
+        f"SELECT {', '.join(columns)} FROM {lanes_t} "
         f"INNER JOIN {host_t} ON ({lanes_t}.{lane_host} = {host_t}.{host_pk}) "
         f"LEFT OUTER JOIN {slot_t} ON ({host_t}.{host_alarm} = {slot_t}.{slot_pk}) "
         f"WHERE {lanes_t}.{lane_host} = %s ORDER BY {lanes_t}.{lane_name} ASC"
         + (" FOR UPDATE" + of if locks else "")
     )
-    reads = _Reads(state, lock_state_sql, lane, host, slot, load_sql)
+    reads = _Reads(state, lock_state_sql, lane, host, slot, load_sql, with_tickets)
     _cache[key] = reads
     return reads
 
@@ -154,16 +167,39 @@ def lock_state_row(host_id: int) -> MaintenanceState | None:
 _ALARM = Host._meta.get_field("alarm")
 
 
+#: A host's mutation tickets as the lanes read them: ``(lanes, expires_at)`` each.
+Tickets = list[tuple[list[str], datetime]]
+
+
 def load_lanes(host_id: int) -> tuple[list[Lane], Host | None]:
     """The host's lanes in lane order (locked where the database can), with the host and its
     slot read by the same statement; ``([], None)`` when the host has no lanes."""
+    lanes, host, _ = load_lanes_and_tickets(host_id)
+    return lanes, host
+
+
+def load_lanes_and_tickets(host_id: int) -> tuple[list[Lane], Host | None, Tickets | None]:
+    """:func:`load_lanes`, and on PostgreSQL the host's mutation tickets read by the same
+    statement (None where they were not read: another database, or no lanes).
+
+    Note [The tickets come with the lanes]
+        A pass asks for the host's live mutation tickets in its begin and again when it
+        completes (which lanes a producer is writing, how many tickets are live): one query
+        each, after the lanes. On PostgreSQL the lanes' statement reads every ticket of the
+        host as one more column (a subquery over ``da_ticket_host_expiry``) and the alarm
+        transaction answers from them (``AlarmTx.producing_lanes``), judging each ticket's
+        expiry at the time asked, as the query did. The read is as fresh as the query was:
+        it runs after the state row is locked, and a ticket is created and deleted only in
+        an alarm transaction, which waits for that lock; a ticket created or deleted by the
+        transaction itself is not in it, so the gate's own ticket writes ask the database.
+    """
     connection = connections[router.db_for_write(DueLane)]
     reads = _reads(connection)
     with connection.cursor() as cursor:
-        cursor.execute(reads.load_sql, [host_id])
+        cursor.execute(reads.load_sql, [host_id, host_id] if reads.with_tickets else [host_id])
         rows = cursor.fetchall()
     if not rows:
-        return [], None
+        return [], None, None
     n_lane, n_host = len(reads.lane.attnames), len(reads.host.attnames)
     lanes = []
     for row in rows:
@@ -185,23 +221,39 @@ def load_lanes(host_id: int) -> tuple[list[Lane], Host | None]:
     first = rows[0]
     host = reads.host.instance(first[n_lane : n_lane + n_host], connection)
     assert isinstance(host, Host)
-    slot_row = first[n_lane + n_host :]
+    slot_row = first[n_lane + n_host : n_lane + n_host + len(reads.slot.attnames)]
     slot = None if slot_row[0] is None else reads.slot.instance(slot_row, connection)
     _ALARM.set_cached_value(host, slot)
-    return lanes, host
+    tickets = _tickets(first[-1]) if reads.with_tickets else None
+    return lanes, host, tickets
+
+
+def _tickets(value: Any) -> Tickets:
+    """The tickets column of the lanes' statement (``json_agg``: NULL when there are none)."""
+    if value is None:
+        return []
+    pairs = json.loads(value) if isinstance(value, str) else value
+    return [(list(lanes), datetime.fromisoformat(expires)) for lanes, expires in pairs]
 
 
 _updates: dict[tuple[str, str, type[Model], tuple[str, ...], tuple[str, ...]], str] = {}
+
+#: What a write's caller does with the number of rows it wrote (a compare-and-set's check).
+Then = Callable[[int], None]
 
 
 def update_where(
     model: type[Model],
     values: dict[str, Any],
     where: dict[str, Any],
-) -> int:
-    """``UPDATE model SET values WHERE where`` (field names to values, ANDed equalities);
-    returns the rows written. Values are prepared by each field, as ``QuerySet.update`` does;
-    the statement is built once per shape (Note [Reads written once])."""
+    *,
+    then: Then | None = None,
+) -> None:
+    """``UPDATE model SET values WHERE where`` (field names to values, ANDed equalities), then
+    ``then(rows written)``. Values are prepared by each field, as ``QuerySet.update`` does;
+    the statement is built once per shape (Note [Reads written once]). Inside
+    :func:`writes_together` on PostgreSQL the write waits for the block's end (Note [One
+    write statement per alarm transaction])."""
     connection = connections[router.db_for_write(model)]
     meta = model._meta
     key = (connection.alias, connection.vendor, model, tuple(values), tuple(where))
@@ -214,9 +266,73 @@ def update_where(
         _updates[key] = sql
     params = [meta.get_field(n).get_db_prep_save(v, connection) for n, v in values.items()]  # type: ignore[union-attr]
     params += [meta.get_field(n).get_db_prep_value(v, connection) for n, v in where.items()]  # type: ignore[union-attr]
+    pending = _pending.writes.get(connection.alias)
+    if pending is not None:
+        pending.append((sql, params, then))
+        return
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return int(cursor.rowcount)
+        written = int(cursor.rowcount)
+    if then is not None:
+        then(written)
+
+
+class _Pending(threading.local):
+    def __init__(self) -> None:
+        self.writes: dict[str, list[tuple[str, list[Any], Then | None]]] = {}
+
+
+_pending = _Pending()
+
+
+@contextmanager
+def writes_together(alias: str) -> Iterator[None]:
+    """Run the :func:`update_where` writes of the block as one statement at its end, on
+    PostgreSQL (elsewhere, and nested, each runs at once).
+
+    Note [One write statement per alarm transaction]
+        An alarm transaction ends by writing what its callback changed: the state row, each
+        changed lane (a revision compare-and-set) and the slot, one ``UPDATE`` each, three
+        round trips for a pass's begin or its completion. On PostgreSQL they are sent as one
+        statement, each ``UPDATE`` a data-modifying ``WITH`` query returning its rows, and
+        the statement answers how many rows each wrote; every write's check (the lane's
+        compare-and-set) then runs on its own count, in order, so a lost compare-and-set
+        raises the same ``RevisionConflict`` as before. The writes touch different rows, so
+        the one snapshot they share changes nothing; the rows they write are the host's
+        state and lanes, already locked by the transaction's first statements, and the slot,
+        which every alarm transaction writes last (Note [Lock order]). A row inserted in the
+        block (a new lane, a new slot) is written at once, as before. A block that raises
+        drops its pending writes with the transaction they belonged to.
+    """
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or alias in _pending.writes:
+        yield
+        return
+    _pending.writes[alias] = []
+    try:
+        yield
+        writes = _pending.writes[alias]
+    finally:
+        del _pending.writes[alias]
+    if not writes:
+        return
+    if len(writes) == 1:
+        ((sql, params, then),) = writes
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            counts: Sequence[int] = (int(cursor.rowcount),)
+    else:
+        parts = ", ".join(f"w{i} AS ({sql} RETURNING 1)" for i, (sql, _, _) in enumerate(writes))
+        answer = ", ".join(f"(SELECT count(*) FROM w{i})" for i in range(len(writes)))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH {parts} SELECT {answer}", [p for _, params, _ in writes for p in params]
+            )
+            row = cursor.fetchone()
+        counts = [int(n) for n in row]
+    for (_, _, then), written in zip(writes, counts, strict=True):
+        if then is not None:
+            then(written)
 
 
 def slot_deadline(schedule: Schedule | None) -> datetime | None:
@@ -297,10 +413,12 @@ def apply_checkpoint(host: Host, checkpoint: Checkpoint) -> datetime | None:
         Host.objects.filter(pk=host.pk).update(alarm=schedule)
         host.alarm = schedule
     elif target is None:
-        Schedule.objects.filter(pk=schedule.pk).update(repeats=0, task=None)
+        update_where(Schedule, {"repeats": 0, "task": None}, {"id": schedule.pk})
         schedule.repeats, schedule.task = 0, None
     else:
-        Schedule.objects.filter(pk=schedule.pk).update(next_run=target, repeats=1, task=None)
+        update_where(
+            Schedule, {"next_run": target, "repeats": 1, "task": None}, {"id": schedule.pk}
+        )
         schedule.next_run, schedule.repeats, schedule.task = target, 1, None
     checkpoint.current, checkpoint.queued, checkpoint.spent = target, False, False
     return target

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router, transaction
 
 from durable_agent import clock, conf
 from durable_agent.errors import (
@@ -46,6 +46,7 @@ from durable_agent.maintenance.store.rows import (
     lock_state_row,
     slot_checkpoint,
     update_where,
+    writes_together,
 )
 from durable_agent.maintenance.types import Checkpoint
 from durable_agent.models import Host, MaintenanceState, MutationTicket
@@ -111,10 +112,16 @@ class AlarmTx:
     # -- live mutation tickets -------------------------------------------------------------
 
     def live_ticket_count(self, now: datetime) -> int:
-        return live_ticket_count(self.host_id, now)
+        return self.producing_lanes(now)[0]
 
     def producing_lanes(self, now: datetime) -> tuple[int, frozenset[str]]:
-        return producing_lanes(self.host_id, now)
+        """:func:`producing_lanes`, from the tickets read with the lanes where they were
+        (Note [The tickets come with the lanes] in ``rows.py``)."""
+        tickets = self.queue.tickets
+        if tickets is None:
+            return producing_lanes(self.host_id, now)
+        live = [lanes for lanes, expires_at in tickets if expires_at > now]
+        return len(live), frozenset(lane for lanes in live for lane in lanes)
 
     # -- the slot --------------------------------------------------------------------------
 
@@ -345,9 +352,10 @@ def run_alarm_transaction(
             with _entered(tx):
                 result = fn(tx)
                 tx.keep_armed()
-                _flush_state(state, before, operation)
-                queue.flush()
-                apply_checkpoint(state.host, checkpoint)
+                with writes_together(router.db_for_write(MaintenanceState)):
+                    _flush_state(state, before, operation)
+                    queue.flush()
+                    apply_checkpoint(state.host, checkpoint)
             committing = outermost
         return result
     except DurableAgentError:

@@ -9,13 +9,26 @@ import pytest
 from django.db import connection
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from django_q.models import Schedule
 
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE, NATIVE
-from durable_agent.maintenance.store.rows import _reads, load_lanes, lock_state_row, update_where
+from durable_agent.maintenance.store.rows import (
+    _reads,
+    load_lanes,
+    load_lanes_and_tickets,
+    lock_state_row,
+    update_where,
+    writes_together,
+)
+from durable_agent.maintenance.store.transactions import (
+    AlarmTx,
+    producing_lanes,
+    run_alarm_transaction,
+)
 from durable_agent.maintenance.types import Lane
-from durable_agent.models import DueLane, Host, MaintenanceState
+from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import caught_up
 
@@ -88,10 +101,49 @@ def test_update_where__prepares_values_and_reports_rows_written(clock: FakeClock
     due = clock.now() + timedelta(seconds=1)
     fields = {"revision": 5, "due_at": due, "reported": True}
     stale = {"host": host.pk, "lane": NATIVE, "revision": 3}
-    assert update_where(DueLane, fields, stale) == 0  # a compare-and-set that lost
-    assert update_where(DueLane, fields, {**stale, "revision": 4}) == 1
+    written: list[int] = []
+    update_where(DueLane, fields, stale, then=written.append)  # a compare-and-set that lost
+    update_where(DueLane, fields, {**stale, "revision": 4}, then=written.append)
+    assert written == [0, 1]
     row.refresh_from_db()
     assert (row.revision, row.due_at, row.reported) == (5, due, True)
+
+
+def test_writes_together__one_statement_on_postgresql_each_check_on_its_own_count(
+    clock: FakeClock,
+) -> None:
+    """Note [One write statement per alarm transaction]."""
+    host = Host.objects.create(key="together")
+    lanes = [DueLane.objects.create(host=host, lane=name, revision=4) for name in ("a", "b")]
+    due = clock.now() + timedelta(seconds=1)
+    written: list[tuple[str, int]] = []
+    with CaptureQueriesContext(connection) as queries:
+        with writes_together(connection.alias):
+            for lane, revision in (("a", 4), ("b", 3)):  # b's compare-and-set loses
+                update_where(
+                    DueLane,
+                    {"revision": 5, "due_at": due},
+                    {"host": host.pk, "lane": lane, "revision": revision},
+                    then=lambda n, lane=lane: written.append((lane, n)),
+                )
+            assert written == [] or connection.vendor != "postgresql"
+    assert written == [("a", 1), ("b", 0)]
+    assert len(queries) == 1 if connection.vendor == "postgresql" else 2
+    for row in lanes:
+        row.refresh_from_db()
+    assert [(r.lane, r.revision, r.due_at) for r in lanes] == [("a", 5, due), ("b", 4, None)]
+
+
+def test_writes_together__a_block_that_raises_writes_nothing() -> None:
+    host = Host.objects.create(key="raises")
+    DueLane.objects.create(host=host, lane="a", revision=4)
+    with pytest.raises(RuntimeError), writes_together(connection.alias):
+        update_where(DueLane, {"revision": 5}, {"host": host.pk, "lane": "a"})
+        if connection.vendor != "postgresql":
+            raise RuntimeError("the write ran at once here")
+        raise RuntimeError("before the block's end")
+    revision = DueLane.objects.get(host=host, lane="a").revision
+    assert revision == (4 if connection.vendor == "postgresql" else 5)
 
 
 def test_statements__lock_where_the_database_has_row_locks() -> None:
@@ -102,3 +154,42 @@ def test_statements__lock_where_the_database_has_row_locks() -> None:
     else:
         assert "FOR UPDATE" not in reads.lock_state_sql + reads.load_sql
     assert reads.load_sql.count("ORDER BY") == 1
+
+
+def test_load_lanes_and_tickets__the_tickets_come_with_the_lanes_on_postgresql(
+    clock: FakeClock,
+) -> None:
+    """Note [The tickets come with the lanes]: the same answer as the tickets' own query."""
+    host = Host.objects.create(key="tickets")
+    gate.schedule(host, LIFECYCLE, clock.now())
+    now = clock.now()
+    for lanes, ttl in ((["agent:native", "outbox"], 30), (["mail"], 1), (["later"], 5)):
+        MutationTicket.objects.create(  # "mail" expired 1 s ago
+            host=host,
+            lanes=lanes,
+            created_at=now - timedelta(seconds=2),
+            expires_at=now + timedelta(seconds=ttl - 2 if lanes == ["mail"] else ttl),
+        )
+    _, _, tickets = load_lanes_and_tickets(host.pk)
+    if connection.vendor != "postgresql":
+        assert tickets is None
+        return
+    assert sorted(tickets) == sorted(
+        (ticket.lanes, ticket.expires_at) for ticket in MutationTicket.objects.filter(host=host)
+    )
+
+    def asked(tx: AlarmTx) -> list[tuple[int, frozenset[str]]]:
+        assert tx.queue.tickets is not None
+        return [tx.producing_lanes(now + timedelta(seconds=s)) for s in (0, 10, 60)]
+
+    assert run_alarm_transaction(host, "test tickets", asked) == [
+        producing_lanes(host.pk, now + timedelta(seconds=s)) for s in (0, 10, 60)
+    ]
+    assert producing_lanes(host.pk, now)[1] == {"agent:native", "outbox", "later"}
+
+
+def test_load_lanes_and_tickets__no_ticket_is_an_empty_list_on_postgresql() -> None:
+    host = Host.objects.create(key="no-tickets")
+    gate.schedule(host, LIFECYCLE, timezone.now())
+    _, _, tickets = load_lanes_and_tickets(host.pk)
+    assert tickets == ([] if connection.vendor == "postgresql" else None)
