@@ -25,6 +25,7 @@ from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.passes.ensure import report_parked
 from durable_agent.maintenance.passes.state import Lease, Pass, release_in
+from durable_agent.maintenance.store.rows import insert_row
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     no_sooner_than_minimum,
@@ -214,27 +215,36 @@ def write_record(
     error: BaseException | None = None,
 ) -> None:
     """Insert the pass's ``PassRecord``; about every 20th pass of a host also prunes its
-    history to ``PASS_HISTORY`` rows."""
-    record = PassRecord.objects.create(
-        host=host,
-        started_at=started_at,
-        finished_at=clock.now(),
-        phase=report.phase,
-        recovered=report.recovered,
-        settled=report.settled,
-        alarm=report.alarm,
-        generation=report.generation,
-        error="" if error is None else error_text(error, limit=MAX_PASS_ERROR_LENGTH),
-        deadline=deadline,
-        lateness_ms=report.lateness_ms,
+    history to ``PASS_HISTORY`` rows. Inside an alarm transaction on PostgreSQL the insert is
+    part of its one write statement (Note [One write statement per alarm transaction] in
+    ``durable_agent/maintenance/store/rows.py``), and the pruning follows it."""
+
+    def prune(record_id: int) -> None:
+        keep = conf.pass_history()
+        if record_id % 20 == host.pk % 20 or keep < 20:  # about every 20th pass of each host
+            cutoff = (
+                PassRecord.objects.filter(host=host)
+                .order_by("-started_at", "-id")
+                .values_list("id", flat=True)[keep : keep + 1]
+            )
+            boundary = list(cutoff)
+            if boundary:
+                PassRecord.objects.filter(host=host, id__lte=boundary[0]).delete()
+
+    insert_row(
+        PassRecord,
+        {
+            "host_id": host.pk,
+            "started_at": started_at,
+            "finished_at": clock.now(),
+            "phase": report.phase,
+            "recovered": report.recovered,
+            "settled": report.settled,
+            "alarm": report.alarm,
+            "generation": report.generation,
+            "error": "" if error is None else error_text(error, limit=MAX_PASS_ERROR_LENGTH),
+            "deadline": deadline,
+            "lateness_ms": report.lateness_ms,
+        },
+        then=prune,
     )
-    keep = conf.pass_history()
-    if record.pk % 20 == host.pk % 20 or keep < 20:  # about every 20th pass of each host
-        cutoff = (
-            PassRecord.objects.filter(host=host)
-            .order_by("-started_at", "-id")
-            .values_list("id", flat=True)[keep : keep + 1]
-        )
-        boundary = list(cutoff)
-        if boundary:
-            PassRecord.objects.filter(host=host, id__lte=boundary[0]).delete()

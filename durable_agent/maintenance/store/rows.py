@@ -23,6 +23,9 @@ writes; ``make test`` runs it on Django 5.2 and 6.1, the two ends of the support
 The slot row (at the end): read and write a host's django-q ``Schedule`` (docs/concepts.md).
 Its writes run inside an alarm transaction (``transactions.py`` calls :func:`apply_checkpoint`
 just before it commits); the services on the slot are in ``alarm.py``.
+
+Size: every statement the alarm transaction builds by hand (its reads, its writes sent
+together, the slot row) in one place, which tests/maintenance/store/test_rows.py checks.
 """
 
 from __future__ import annotations
@@ -268,7 +271,7 @@ def update_where(
     params += [meta.get_field(n).get_db_prep_value(v, connection) for n, v in where.items()]  # type: ignore[union-attr]
     pending = _pending.writes.get(connection.alias)
     if pending is not None:
-        pending.append((sql, params, then))
+        pending.append((sql + " RETURNING 1", "count(*)", params, then))
         return
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -277,9 +280,51 @@ def update_where(
         then(written)
 
 
+_inserts: dict[tuple[str, str, type[Model]], str] = {}
+
+
+def insert_row(model: type[Model], values: dict[str, Any], *, then: Then | None = None) -> None:
+    """``INSERT`` one ``model`` row of ``values`` (field names; every other field its
+    default), then ``then(its primary key)``. Inside :func:`writes_together` on PostgreSQL
+    the insert waits for the block's end with the other writes; elsewhere it is the ORM's
+    ``create``."""
+    connection = connections[router.db_for_write(model)]
+    pending = _pending.writes.get(connection.alias)
+    if pending is None:
+        row = model._default_manager.create(**values)
+        if then is not None:
+            then(int(row.pk))
+        return
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    key = (connection.alias, connection.vendor, model)
+    sql = _inserts.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(_column(model, f.name)) for f in fields)
+        marks = ", ".join(["%s"] * len(fields))
+        sql = (
+            f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({marks}) "
+            f"RETURNING {quote(_column(model))}"
+        )
+        _inserts[key] = sql
+    unknown = set(values) - {n for f in fields for n in (f.name, f.attname)}
+    if unknown:
+        raise TypeError(f"{model.__name__} has no fields {sorted(unknown)}")
+    params = [
+        f.get_db_prep_save(
+            values[f.attname] if f.attname in values else values.get(f.name, f.get_default()),
+            connection,
+        )
+        for f in fields
+    ]
+    pending.append((sql, f"min({connection.ops.quote_name(_column(model))})", params, then))
+
+
 class _Pending(threading.local):
     def __init__(self) -> None:
-        self.writes: dict[str, list[tuple[str, list[Any], Then | None]]] = {}
+        # per alias: (statement with its RETURNING, what the answer selects, params, then)
+        self.writes: dict[str, list[tuple[str, str, list[Any], Then | None]]] = {}
 
 
 _pending = _Pending()
@@ -316,23 +361,14 @@ def writes_together(alias: str) -> Iterator[None]:
         del _pending.writes[alias]
     if not writes:
         return
-    if len(writes) == 1:
-        ((sql, params, then),) = writes
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            counts: Sequence[int] = (int(cursor.rowcount),)
-    else:
-        parts = ", ".join(f"w{i} AS ({sql} RETURNING 1)" for i, (sql, _, _) in enumerate(writes))
-        answer = ", ".join(f"(SELECT count(*) FROM w{i})" for i in range(len(writes)))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"WITH {parts} SELECT {answer}", [p for _, params, _ in writes for p in params]
-            )
-            row = cursor.fetchone()
-        counts = [int(n) for n in row]
-    for (_, _, then), written in zip(writes, counts, strict=True):
+    parts = ", ".join(f"w{i} AS ({write[0]})" for i, write in enumerate(writes))
+    answer = ", ".join(f"(SELECT {write[1]} FROM w{i})" for i, write in enumerate(writes))
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {parts} SELECT {answer}", [p for write in writes for p in write[2]])
+        row = cursor.fetchone()
+    for (_, _, _, then), value in zip(writes, row, strict=True):
         if then is not None:
-            then(written)
+            then(int(value))
 
 
 def slot_deadline(schedule: Schedule | None) -> datetime | None:

@@ -349,13 +349,12 @@ def run_alarm_transaction(
             checkpoint = slot_checkpoint(state.host.alarm, clock.now())
             before = _state_values(state)
             tx = AlarmTx(host_id, operation, state, queue, checkpoint)
-            with _entered(tx):
+            with _entered(tx), writes_together(router.db_for_write(MaintenanceState)):
                 result = fn(tx)
                 tx.keep_armed()
-                with writes_together(router.db_for_write(MaintenanceState)):
-                    _flush_state(state, before, operation)
-                    queue.flush()
-                    apply_checkpoint(state.host, checkpoint)
+                _flush_state(state, before, operation)
+                queue.flush()
+                apply_checkpoint(state.host, checkpoint)
             committing = outermost
         return result
     except DurableAgentError:

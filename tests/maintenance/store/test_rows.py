@@ -16,6 +16,7 @@ from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE, NATIVE
 from durable_agent.maintenance.store.rows import (
     _reads,
+    insert_row,
     load_lanes,
     load_lanes_and_tickets,
     lock_state_row,
@@ -28,7 +29,7 @@ from durable_agent.maintenance.store.transactions import (
     run_alarm_transaction,
 )
 from durable_agent.maintenance.types import Lane
-from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket
+from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket, PassRecord
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import caught_up
 
@@ -193,3 +194,21 @@ def test_load_lanes_and_tickets__no_ticket_is_an_empty_list_on_postgresql() -> N
     gate.schedule(host, LIFECYCLE, timezone.now())
     _, _, tickets = load_lanes_and_tickets(host.pk)
     assert tickets == ([] if connection.vendor == "postgresql" else None)
+
+
+def test_insert_row__with_the_other_writes_on_postgresql_and_then_gets_its_id(
+    clock: FakeClock,
+) -> None:
+    host = Host.objects.create(key="insert")
+    DueLane.objects.create(host=host, lane="a", revision=4)
+    ids: list[int] = []
+    values = {"host_id": host.pk, "started_at": clock.now(), "phase": "caught-up"}
+    with CaptureQueriesContext(connection) as queries:
+        with writes_together(connection.alias):
+            update_where(DueLane, {"revision": 5}, {"host": host.pk, "lane": "a"})
+            insert_row(PassRecord, values, then=ids.append)
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 2)
+    (record,) = PassRecord.objects.filter(host=host)
+    assert ids == [record.pk]
+    assert (record.phase, record.started_at, record.finished_at) == ("caught-up", clock.now(), None)
+    assert DueLane.objects.get(host=host, lane="a").revision == 5
