@@ -332,22 +332,26 @@ _pending = _Pending()
 
 @contextmanager
 def writes_together(alias: str) -> Iterator[None]:
-    """Run the :func:`update_where` writes of the block as one statement at its end, on
-    PostgreSQL (elsewhere, and nested, each runs at once).
+    """Run the :func:`update_where` and :func:`insert_row` writes of the block as one
+    statement at its end, on PostgreSQL (elsewhere, and nested, each runs at once).
 
     Note [One write statement per alarm transaction]
         An alarm transaction ends by writing what its callback changed: the state row, each
-        changed lane (a revision compare-and-set) and the slot, one ``UPDATE`` each, three
-        round trips for a pass's begin or its completion. On PostgreSQL they are sent as one
-        statement, each ``UPDATE`` a data-modifying ``WITH`` query returning its rows, and
-        the statement answers how many rows each wrote; every write's check (the lane's
-        compare-and-set) then runs on its own count, in order, so a lost compare-and-set
-        raises the same ``RevisionConflict`` as before. The writes touch different rows, so
-        the one snapshot they share changes nothing; the rows they write are the host's
-        state and lanes, already locked by the transaction's first statements, and the slot,
-        which every alarm transaction writes last (Note [Lock order]). A row inserted in the
-        block (a new lane, a new slot) is written at once, as before. A block that raises
-        drops its pending writes with the transaction they belonged to.
+        changed lane (a revision compare-and-set) and the slot, one ``UPDATE`` each, and a
+        pass's last transaction inserts its ``PassRecord`` before them: three or four round
+        trips for a pass's begin or its completion. ``run_alarm_transaction`` runs the
+        callback and those writes inside this block, so on PostgreSQL they are sent as one
+        statement, each write a data-modifying ``WITH`` query, and the statement answers how
+        many rows each ``UPDATE`` wrote and the id each ``INSERT`` gave; every write's
+        follow-up (the lane's compare-and-set check, the record history's trim) then runs on
+        its own answer, in order, so a lost compare-and-set raises the same
+        ``RevisionConflict`` as before. Nothing in a callback reads what these writes change
+        (they are its own buffered state), and the writes touch different rows, so the one
+        snapshot they share changes nothing; the rows they update are the host's state and
+        lanes, already locked by the transaction's first statements, and the slot, which
+        every alarm transaction writes last (Note [Lock order]). Any other write (a new
+        lane, a new slot, a ticket) runs at once, as before. A block that raises drops its
+        pending writes with the transaction they belonged to.
     """
     connection = connections[alias]
     if connection.vendor != "postgresql" or alias in _pending.writes:
