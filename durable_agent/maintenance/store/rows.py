@@ -333,7 +333,9 @@ _pending = _Pending()
 @contextmanager
 def writes_together(alias: str) -> Iterator[None]:
     """Run the :func:`update_where` and :func:`insert_row` writes of the block as one
-    statement at its end, on PostgreSQL (elsewhere, and nested, each runs at once).
+    statement at its end, on PostgreSQL (elsewhere each runs at once). A block inside
+    another (an alarm transaction inside an alarm transaction) sends its own writes at its
+    own end, as each transaction did before.
 
     Note [One write statement per alarm transaction]
         An alarm transaction ends by writing what its callback changed: the state row, each
@@ -354,15 +356,19 @@ def writes_together(alias: str) -> Iterator[None]:
         pending writes with the transaction they belonged to.
     """
     connection = connections[alias]
-    if connection.vendor != "postgresql" or alias in _pending.writes:
+    if connection.vendor != "postgresql":
         yield
         return
-    _pending.writes[alias] = []
+    outer = _pending.writes.get(alias)  # a block inside another: its own writes, at its end
+    writes: list[tuple[str, str, list[Any], Then | None]] = []
+    _pending.writes[alias] = writes
     try:
         yield
-        writes = _pending.writes[alias]
     finally:
-        del _pending.writes[alias]
+        if outer is None:
+            del _pending.writes[alias]
+        else:
+            _pending.writes[alias] = outer
     if not writes:
         return
     parts = ", ".join(f"w{i} AS ({write[0]})" for i, write in enumerate(writes))

@@ -212,3 +212,21 @@ def test_insert_row__with_the_other_writes_on_postgresql_and_then_gets_its_id(
     assert ids == [record.pk]
     assert (record.phase, record.started_at, record.finished_at) == ("caught-up", clock.now(), None)
     assert DueLane.objects.get(host=host, lane="a").revision == 5
+
+
+def test_writes_together__a_block_inside_another_writes_at_its_own_end() -> None:
+    host = Host.objects.create(key="nested")
+    DueLane.objects.create(host=host, lane="a", revision=4)
+    DueLane.objects.create(host=host, lane="b", revision=4)
+    seen: list[int] = []
+    with writes_together(connection.alias):
+        update_where(DueLane, {"revision": 5}, {"host": host.pk, "lane": "a"})
+        with writes_together(connection.alias):
+            update_where(DueLane, {"revision": 6}, {"host": host.pk, "lane": "b"})
+        seen = list(
+            DueLane.objects.filter(host=host).order_by("lane").values_list("revision", flat=True)
+        )
+    assert seen == ([4, 6] if connection.vendor == "postgresql" else [5, 6])
+    assert list(
+        DueLane.objects.filter(host=host).order_by("lane").values_list("revision", flat=True)
+    ) == [5, 6]
