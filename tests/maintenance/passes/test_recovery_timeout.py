@@ -104,9 +104,10 @@ def test_run_recovery__a_hung_sweep_in_an_attempt_faults_with_timeout_and_others
     ``run recovery``, the other thread's head settles in the same pass, and the retry 5 s
     later clears the fault once the read answers (docs/pass.md, "A recovery
     read that does not return")."""
-    # b's attempt writes while a's waits: give it a whole second to finish first (SQLite's
-    # in-memory test database refuses a second writer instead of waiting).
-    settings.DURABLE_AGENT = {**settings.DURABLE_AGENT, "RECOVERY_TIMEOUT_MS": 1000}
+    # b's attempt writes while a's waits: give it three seconds to finish first (SQLite's
+    # in-memory test database refuses a second writer instead of waiting; with one second,
+    # a loaded CI machine once failed the pass with "database table is locked").
+    settings.DURABLE_AGENT = {**settings.DURABLE_AGENT, "RECOVERY_TIMEOUT_MS": 3000}
     hung = runtime.submit(host, "a")
     other = runtime.submit(host, "b")
     release = threading.Event()
