@@ -5,6 +5,14 @@
 # exists. Every leg runs; the summary at the end says what passed, failed or was skipped, and
 # the exit status is non-zero when anything failed.
 #
+# What each leg runs, so that the whole stays well under an hour on a slow 2-core machine:
+# every test runs on both Django versions and on both databases, but not every pair of them.
+#   Django 5.2 / SQLite       the suite; the state machine in its quick mode
+#   Django 5.2 / PostgreSQL   the suite; the state machine in full (tests/examples.py)
+#   Django 6.1 / SQLite       the suite; the state machine in its quick mode
+#   Django 6.1 / PostgreSQL   the tests marked `postgres` (row locks, several connections or
+#                             processes, live clusters), the state machine in its quick mode
+#
 # Environment:
 #   TEST_DATABASE_URL  PostgreSQL for the PostgreSQL legs
 #                      (default postgres://postgres@127.0.0.1:5432/test)
@@ -110,8 +118,8 @@ if command_leg "package (python -m build, twine check)" bash -c '
     BUILT=1
 fi
 
-pytest_leg "Django 5.2 / SQLite" "$VENV" "" --cov --cov-report= --cov-fail-under=0 \
-    --ignore=tests/package
+PROPERTY_EXAMPLES=quick pytest_leg "Django 5.2 / SQLite" "$VENV" "" --cov --cov-report= \
+    --cov-fail-under=0 --ignore=tests/package
 
 section "PostgreSQL probe ($PG_URL)"
 PG_OK=0
@@ -132,8 +140,8 @@ else
 fi
 
 if [ $PG_OK = 1 ]; then
-    pytest_leg "Django 5.2 / PostgreSQL" "$VENV" "$PG_URL" --cov --cov-append --cov-report= \
-        --cov-fail-under=0 --ignore=tests/package
+    PROPERTY_EXAMPLES=full pytest_leg "Django 5.2 / PostgreSQL" "$VENV" "$PG_URL" --cov \
+        --cov-append --cov-report= --cov-fail-under=0 --ignore=tests/package
 else
     pg_unavailable "Django 5.2 / PostgreSQL"
 fi
@@ -182,9 +190,11 @@ else
         command_leg "Django 6.1 checks" bash -c '
             "$1/bin/python" manage.py check --fail-level WARNING &&
                 "$1/bin/python" manage.py makemigrations --check --dry-run' _ "$VENV_DJ61"
-        pytest_leg "Django 6.1 / SQLite" "$VENV_DJ61" "" --ignore=tests/package
+        PROPERTY_EXAMPLES=quick pytest_leg "Django 6.1 / SQLite" "$VENV_DJ61" "" \
+            --ignore=tests/package
         if [ $PG_OK = 1 ]; then
-            pytest_leg "Django 6.1 / PostgreSQL" "$VENV_DJ61" "$PG_URL" --ignore=tests/package
+            PROPERTY_EXAMPLES=quick pytest_leg "Django 6.1 / PostgreSQL (marked postgres)" \
+                "$VENV_DJ61" "$PG_URL" -m postgres --ignore=tests/package
         else
             pg_unavailable "Django 6.1 / PostgreSQL"
         fi

@@ -21,9 +21,10 @@ from durable_agent.maintenance.failpoints import FailpointError
 from durable_agent.maintenance.operators.audit import audit_host
 from durable_agent.models import DueLane, Host, MaintenanceState
 from durable_agent.testing import FakeClock, ScriptedRuntime, installed_runtime
+from tests.examples import examples
 from tests.maintenance.helpers import drain
 
-EXAMPLES = 200
+EXAMPLES = examples(200)  # 50 in the quick mode (tests/examples.py)
 _keys = itertools.count()
 
 THREADS = st.sampled_from(["t1", "t2", "t3"])
