@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durable_agent.clock",
             "durable_agent.conf",
             "durable_agent.errors",
+            "durable_agent.renewals",
             "durable_agent.text",
         ),
     ),

@@ -2,9 +2,9 @@
 
 A claim is one conditional update (``ready`` -> ``running`` with a fresh owner and expiry), in
 its own short transaction; zero rows updated means someone else claimed or settled the row,
-and the caller backs off. While the agent runs, a :class:`LeaseKeeper` thread renews the
-lease every ``renew_every()``; an attempt that dies stops renewing, and recovery takes the
-submission back once ``lease_expires_at`` has passed.
+and the caller backs off. While the agent runs, a :class:`LeaseKeeper` renews the lease every
+``renew_every()`` (from a thread started at the first renewal); an attempt that dies stops
+renewing, and recovery takes the submission back once ``lease_expires_at`` has passed.
 
 The lease length and renewal cadence are the ``AGENT_LEASE_TTL_MS`` (30 s) and
 ``AGENT_LEASE_RENEWAL_MS`` (10 s) settings.
@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from django.db import connections
 from django.db.models import F
 
 from durable_agent import clock, conf
 from durable_agent.models import Submission, SubmissionState
+from durable_agent.renewals import renewing
 
 logger = logging.getLogger("durable_agent.agents")
 
@@ -78,38 +78,29 @@ class LeaseKeeper:
         self.submission_id = submission_id
         self.owner = owner
         self.lost = threading.Event()
-        self._stop = threading.Event()
 
-    def _run(self) -> None:
-        interval = renew_every().total_seconds()
+    def _renew(self) -> bool:
         try:
-            while not self._stop.wait(interval):
-                if not renew(self.submission_id, self.owner):
-                    logger.warning(
-                        "Lease of submission %s was lost while its agent ran",
-                        self.submission_id,
-                        extra={"submission_id": self.submission_id},
-                    )
-                    self.lost.set()
-                    return
+            if renew(self.submission_id, self.owner):
+                return True
+            logger.warning(
+                "Lease of submission %s was lost while its agent ran",
+                self.submission_id,
+                extra={"submission_id": self.submission_id},
+            )
+            self.lost.set()
         except Exception:
             logger.exception(
                 "Renewing the lease of submission %s failed",
                 self.submission_id,
                 extra={"submission_id": self.submission_id},
             )
-        finally:
-            connections.close_all()  # this thread's connections only
+        return False
 
     @contextmanager
     def running(self) -> Iterator[LeaseKeeper]:
-        """Renew the lease while the block runs."""
-        thread = threading.Thread(
-            target=self._run, name=f"da-submission-lease-{self.submission_id}", daemon=True
-        )
-        thread.start()
-        try:
+        """Renew the lease while the block runs (a thread starts only at the first renewal:
+        Note [A renewal thread starts only when it is due] in ``durable_agent/renewals.py``)."""
+        name = f"da-submission-lease-{self.submission_id}"
+        with renewing(name, renew_every().total_seconds(), self._renew):
             yield self
-        finally:
-            self._stop.set()
-            thread.join(timeout=renew_every().total_seconds() + 5)

@@ -12,8 +12,8 @@ The pass lease the pass holds (``take``, ``Lease``, ``Busy``, ``Stale``): one pa
 time, across processes (docs/pass.md). Taking the lease arms the slot no later than the lease's
 expiry, in the same short transaction: a worker that dies mid-pass is retried within the lease
 TTL, and no path leaves a dirty host with a disarmed slot. A busy delivery likewise leaves the
-slot armed no later than the running pass's expiry. A heartbeat thread renews a long pass's
-lease.
+slot armed no later than the running pass's expiry. The heartbeat renews a long pass's lease
+(from a thread started at its first renewal).
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import connections
-
 from durable_agent import clock, conf
 from durable_agent.maintenance.passes.lane_registry import LaneSpec
 from durable_agent.maintenance.passes.pool import Executor
@@ -35,6 +33,7 @@ from durable_agent.maintenance.passes.recovery import NativeRecovery
 from durable_agent.maintenance.store.transactions import AlarmTx
 from durable_agent.maintenance.types import Lane
 from durable_agent.models import Host, MaintenanceState
+from durable_agent.renewals import renewing
 from durable_agent.runtime import Runtime
 
 #: The lanes and producing lanes as the checkpoint's transaction left them (Note [What the
@@ -234,25 +233,19 @@ def renew(lease: Lease) -> bool:
 
 @contextmanager
 def heartbeat(lease: Lease) -> Iterator[None]:
-    """Renew the lease every third of its TTL while the block runs."""
-    stop = threading.Event()
-    interval = conf.pass_lease_ttl().total_seconds() / 3
+    """Renew the lease every third of its TTL while the block runs (a thread starts only at the
+    first renewal: Note [A renewal thread starts only when it is due] in
+    ``durable_agent/renewals.py``)."""
 
-    def beat() -> None:
+    def beat() -> bool:
         try:
-            while not stop.wait(interval):
-                if not renew(lease):
-                    logger.warning("pass lease of host %s was lost", lease.host_id)
-                    return
+            if renew(lease):
+                return True
+            logger.warning("pass lease of host %s was lost", lease.host_id)
         except Exception:
             logger.exception("pass lease heartbeat of host %s failed", lease.host_id)
-        finally:
-            connections.close_all()
+        return False
 
-    thread = threading.Thread(target=beat, name=f"da-lease-{lease.host_id}", daemon=True)
-    thread.start()
-    try:
+    interval = conf.pass_lease_ttl().total_seconds() / 3
+    with renewing(f"da-lease-{lease.host_id}", interval, beat):
         yield
-    finally:
-        stop.set()
-        thread.join(timeout=interval + 5)
