@@ -9,7 +9,9 @@ seconds (``--lead``) ahead, while the cluster (the example project's settings: `
 due instant until every handler row is inserted, no slot is armed and the broker queue is
 empty: hosts per second. The lateness columns come from the ``PassRecord`` rows (pass start
 minus the deadline) and from the handler rows (handler start minus the deadline). The median
-run by rate is printed, with every run's rate.
+run by rate is printed, with every run's rate, then every run in the order run with its rate
+against the median and what the server did in the background meanwhile (checkpoints,
+autovacuum and autoanalyze runs), to tell a slow run's cause.
 
 ``--count N`` then runs ``N`` hosts once more (not timed: tracing slows every statement) on a
 cluster traced by ``bench/trace.py`` and counts, over every process of the cluster, what the
@@ -72,8 +74,10 @@ def run(
             raise SystemExit("arming took longer than the lead; raise --lead")
         spy = None if profile is None else py_spy(process.pid, profile)
         wait_for(lambda: timezone.now() >= due, timeout=lead + 0.03 * hosts + 5, interval=0.005)
+        server_before = server_work()
         done = wait_for(drained, timeout=300, interval=0.02)
         seconds = (timezone.now() - due).total_seconds()
+        server_during = server_work() - server_before
         if trace_dir is not None:
             (Path(trace_dir) / "window").write_text(f"{due.timestamp()} {time.time()}")
         if spy is not None:
@@ -107,7 +111,29 @@ def run(
         summary(to_handler)["p50"],
         h["p50"],
         h["max"],
+        ", ".join(f"{name} {n}" for name, n in sorted(server_during.items()) if n) or "none",
     ]
+
+
+def server_work() -> Counter[str]:
+    """What the server did in the background so far: checkpoints, and autovacuum and
+    autoanalyze runs on every table (subtract two readings for a window). The statistics
+    views lag by up to their flush interval (about a second)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),"
+            " sum(autovacuum_count), sum(autoanalyze_count) FROM pg_stat_user_tables"
+        )
+        checkpoints, vacuums, analyzes = cursor.fetchone()
+    return Counter(
+        {
+            "checkpoints": int(checkpoints or 0),
+            "autovacuums": int(vacuums or 0),
+            "autoanalyzes": int(analyzes or 0),
+        }
+    )
 
 
 def counted(hosts: int, workers: int, lead: float) -> list[Any]:
@@ -171,13 +197,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     setup()
-    runs = sorted(
-        (
-            run(args.hosts, args.workers, args.lead, args.profile if i == 0 else None)
-            for i in range(args.runs)
-        ),
-        key=lambda row: float(row[4]),
-    )
+    in_order = [
+        run(args.hosts, args.workers, args.lead, args.profile if i == 0 else None)
+        for i in range(args.runs)
+    ]
+    runs = sorted(in_order, key=lambda row: float(row[4]))
     rates = ", ".join(f"{float(row[4]):.0f}" for row in runs)
     table(
         f"Burst drain, {args.hosts} host lanes due at one instant, {args.workers} workers, "
@@ -195,7 +219,23 @@ def main() -> None:
             "handler row max ms",
             "all runs /s",
         ],
-        [[*runs[len(runs) // 2], rates]],
+        [[*runs[len(runs) // 2][:-1], rates]],
+    )
+    median = float(runs[len(runs) // 2][4])
+    table(
+        f"Burst drain, every run in the order run ({args.hosts} hosts)",
+        [
+            "run",
+            "hosts per second",
+            "of the median",
+            "first pass ms",
+            "handler row max ms",
+            "the server meanwhile",
+        ],
+        [
+            [i + 1, row[4], float(row[4]) / median, row[5], row[9], row[10]]
+            for i, row in enumerate(in_order)
+        ],
     )
     if args.count:
         table(
