@@ -15,7 +15,9 @@ block only registers its first due time with one scheduler thread per process; t
 starts the block's own renewal thread when that time comes, and a block that ends first starts
 none. From then on the block's thread renews exactly as a thread of its own per block did: a
 renewal that hangs holds up only its own lease, and the block's end waits for an in-flight
-renewal (the join), so no renewal runs after the block.
+renewal (the join), so no renewal runs after the block. The scheduler itself wakes about twice
+a renewal interval, not once for every block: a block that ended is dropped from the front of
+the line at a timed wake-up, and a new block wakes it only when due before its next wake-up.
 
 The scheduler holds no connection and runs no query; it is started on first use in each
 process, and again in a forked child (django-q's workers are forked from the cluster).
@@ -60,6 +62,7 @@ class _Scheduler:
         self.due: list[tuple[float, int, _Block]] = []
         self.keys = itertools.count()
         self.thread: threading.Thread | None = None
+        self.wake_at: float | None = None  # when the scheduler wakes next; None: when told
 
     def add(self, block: _Block) -> None:
         with self.lock:
@@ -68,8 +71,9 @@ class _Scheduler:
                     target=self.loop, name="da-lease-renewals", daemon=True
                 )
                 self.thread.start()
-            heapq.heappush(self.due, (time.monotonic() + block.every, next(self.keys), block))
-            if self.due[0][2] is block:
+            due = time.monotonic() + block.every
+            heapq.heappush(self.due, (due, next(self.keys), block))
+            if self.wake_at is None or due < self.wake_at:
                 self.lock.notify()
 
     def end(self, block: _Block) -> None:
@@ -83,6 +87,7 @@ class _Scheduler:
         with self.lock:
             while True:
                 now = time.monotonic()
+                timed = bool(self.due) and self.due[0][0] <= now
                 while self.due and self.due[0][0] <= now:
                     _, _, block = heapq.heappop(self.due)
                     if not block.stop.is_set():
@@ -90,8 +95,14 @@ class _Scheduler:
                             target=block.run, name=block.name, daemon=True
                         )
                         block.thread.start()
-                # Ended blocks stay in the heap until their time: a pass ends long before.
-                self.lock.wait(self.due[0][0] - now if self.due else None)
+                # On a timed wake-up, blocks that ended are dropped from the front of the line
+                # whatever their time, and a block due after the next wake-up does not wake the
+                # scheduler (``add``): it wakes about twice a renewal interval however many
+                # passes run, not once for every pass.
+                while timed and self.due and self.due[0][2].stop.is_set():
+                    heapq.heappop(self.due)
+                self.wake_at = self.due[0][0] if self.due else None
+                self.lock.wait(None if self.wake_at is None else self.wake_at - now)
 
 
 _scheduler = _Scheduler()

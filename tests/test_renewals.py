@@ -114,3 +114,31 @@ def test_renewing__works_in_a_child_forked_while_the_scheduler_runs() -> None:
         child.join(timeout=10)
     assert child.exitcode == 0
     assert renewed >= 3
+
+
+def test_renewing__the_scheduler_sleeps_through_blocks_that_ended() -> None:
+    """Three hundred short blocks a millisecond apart wake the scheduler a few times, not once
+    each (a burst's passes, each ending long before its first renewal)."""
+    from durable_agent import renewals
+
+    scheduler = renewals._scheduler
+    with renewing("da-test-warm", 10.0, lambda: True):
+        pass  # the scheduler thread runs
+    wakes = 0
+    original = scheduler.lock.wait
+
+    def counted(timeout: float | None = None) -> bool:
+        nonlocal wakes
+        wakes += 1
+        return original(timeout)
+
+    scheduler.lock.wait = counted  # type: ignore[method-assign]
+    try:
+        for _ in range(300):
+            with renewing("da-test-short", 0.3, lambda: True):
+                pass
+            time.sleep(0.001)
+        time.sleep(0.5)  # every block's time has come
+    finally:
+        scheduler.lock.wait = original  # type: ignore[method-assign]
+    assert wakes < 20, wakes
