@@ -11,7 +11,7 @@
 #   Django 5.2 / PostgreSQL   the suite; the state machine in full (tests/examples.py)
 #   Django 6.1 / SQLite       the suite; the state machine in its quick mode
 #   Django 6.1 / PostgreSQL   the tests marked `postgres` (row locks, several connections or
-#                             processes, live clusters), the state machine in its quick mode
+#                             processes, live clusters; the state machine is not one of them)
 #
 # Environment:
 #   TEST_DATABASE_URL  PostgreSQL for the PostgreSQL legs
@@ -193,8 +193,8 @@ else
         PROPERTY_EXAMPLES=quick pytest_leg "Django 6.1 / SQLite" "$VENV_DJ61" "" \
             --ignore=tests/package
         if [ $PG_OK = 1 ]; then
-            PROPERTY_EXAMPLES=quick pytest_leg "Django 6.1 / PostgreSQL (marked postgres)" \
-                "$VENV_DJ61" "$PG_URL" -m postgres --ignore=tests/package
+            pytest_leg "Django 6.1 / PostgreSQL (marked postgres)" "$VENV_DJ61" "$PG_URL" \
+                -m postgres --ignore=tests/package
         else
             pg_unavailable "Django 6.1 / PostgreSQL"
         fi

@@ -14,14 +14,9 @@ import os
 MODES = {"full": 1.0, "quick": 0.25}
 
 
-def scale() -> float:
+def examples(full: int) -> int:
+    """``full`` in the full mode, a quarter of it in the quick one."""
     mode = os.environ.get("PROPERTY_EXAMPLES", "full")
     if mode not in MODES:
         raise RuntimeError(f"PROPERTY_EXAMPLES={mode!r}: expected one of {', '.join(MODES)}")
-    return MODES[mode]
-
-
-def examples(full: int, *, at_least: int = 1) -> int:
-    """``full`` in the full mode; a quarter of it, and never fewer than ``at_least``, in the
-    quick one."""
-    return max(at_least, round(full * scale()))
+    return max(1, round(full * MODES[mode]))
