@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +19,14 @@ from durable_agent.agents.runtime import ReferenceRuntime
 from durable_agent.maintenance import alarm, failpoints, gate, run_pass
 from durable_agent.maintenance.passes import waves
 from durable_agent.maintenance.passes.pool import close_thread_pool
-from durable_agent.models import BindingRetry, Host, MaintenanceState, PassRecord, Submission
+from durable_agent.models import (
+    BindingRetry,
+    Host,
+    MaintenanceState,
+    PassRecord,
+    RecoveryFault,
+    Submission,
+)
 from durable_agent.testing import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -232,14 +240,18 @@ def test_a_pass_with_no_binding_waits_deletes_none(
     assert not any(sql.startswith("DELETE") for sql in deletes), deletes
 
 
-def _statements(queries: CaptureQueriesContext, table: str) -> list[str]:
-    return [q["sql"] for q in queries.captured_queries if f'"{table}"' in q["sql"]]
+def _reads_of(queries: CaptureQueriesContext, table: str) -> list[str]:
+    """The reads of ``table``'s rows (not the lanes' statement, which only asks whether any
+    exists: Note [Begin knows the native step's records])."""
+    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith(f'SELECT "{table}".')]
 
 
-def test_a_pass_with_no_binding_waits_reads_them_once(
+def test_a_pass_with_no_binding_waits_reads_them_at_most_once(
     host: Host, clock: FakeClock, echo: Any, calls: list[Any]
 ) -> None:
-    # Note [What the pass already knows after its agents]: only a pass creates binding waits.
+    # Note [What the pass already knows after its agents]: only a pass creates binding waits;
+    # on PostgreSQL begin read that there are none (Note [Begin knows the native step's
+    # records]).
     run_pass(host)
     durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
 
@@ -247,7 +259,47 @@ def test_a_pass_with_no_binding_waits_reads_them_once(
         run_pass(host)
 
     assert calls == [("echo", 1)]
-    assert len(_statements(queries, "durable_agent_bindingretry")) == 1
+    expected = 0 if connection.vendor == "postgresql" else 1
+    assert len(_reads_of(queries, "durable_agent_bindingretry")) == expected
+    assert len(_reads_of(queries, "durable_agent_recoveryfault")) == expected
+
+
+def test_stored_faults_and_binding_waits_are_read_by_the_pass(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    # Note [Begin knows the native step's records]: with a fault on one thread and a binding
+    # wait on another, the pass reads both, and runs neither thread's head.
+    run_pass(host)
+    receipts = {
+        thread: durable_agent.submit(host=host, thread=thread, agent="echo", payload=thread)
+        for thread in ("faulted", "parked")
+    }
+    now = clock.now()
+    RecoveryFault.objects.create(
+        host=host,
+        thread="faulted",
+        first_failed_at=now,
+        last_failed_at=now,
+        attempts=1,
+        retry_at=now + timedelta(hours=1),
+        failure={"phase": "recovery", "reason": "failure", "operation": "run_recovery"},
+        recipients=[str(receipts["faulted"].submission_id)],
+    )
+    BindingRetry.objects.create(
+        host=host,
+        thread="parked",
+        submission=str(receipts["parked"].submission_id),
+        attempts=1,
+        reported_at=now,
+        registry_key=MaintenanceState.objects.get(host=host).binding_registry_key,
+    )
+
+    with CaptureQueriesContext(connection) as queries:
+        run_pass(host)
+
+    assert calls == []
+    assert len(_reads_of(queries, "durable_agent_recoveryfault")) >= 1
+    assert len(_reads_of(queries, "durable_agent_bindingretry")) >= 1
 
 
 def test_a_binding_wait_the_pass_recorded_is_read_by_its_checkpoint(
@@ -263,10 +315,9 @@ def test_a_binding_wait_the_pass_recorded_is_read_by_its_checkpoint(
         run_pass(host)
 
     assert calls == []
-    reads = [
-        s for s in _statements(queries, "durable_agent_bindingretry") if s.startswith("SELECT")
-    ]
-    assert len(reads) == 2
+    # the first observation's read, unless begin said there were none (PostgreSQL)
+    expected = 1 if connection.vendor == "postgresql" else 2
+    assert len(_reads_of(queries, "durable_agent_bindingretry")) == expected
     assert BindingRetry.objects.filter(host=host).count() == 1
     state = MaintenanceState.objects.get(host=host)
     assert state.processed == state.dirty

@@ -59,6 +59,9 @@ class NativeRecovery:
     repaired: bool = False
     discovery_pending: bool = False
     retry_at: datetime | None = None
+    # The host has no recovery fault: begin found none, and the pass recorded none since
+    # (Note [Begin knows the native step's records] in ``store/rows.py``).
+    none_stored: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -121,6 +124,7 @@ def record_recovery_faults(
     selected_thread: str | None = None,
 ) -> dict[str, RecoveryFault]:
     """Create, change or clear the faults a sweep reveals, with their events; return the faults."""
+    recovery.none_stored = False  # the faults are read again from here on
     threads: dict[str, dict[str, Any] | None] = {}
     if selected_thread is not None:
         threads[selected_thread] = None
@@ -224,10 +228,10 @@ def load_recovery_faults(
     """Load the faults of the scanned threads; new admissions on a faulted thread become
     recipients (with a ``created`` event) without accelerating its retry."""
     unloaded = [t for t in ids_by_thread if t not in recovery.loaded]
-    if unloaded:
+    if unloaded and not recovery.none_stored:
         for fault in RecoveryFault.objects.filter(host_id=host.pk, thread__in=unloaded):
             recovery.faults[fault.thread] = fault
-        recovery.loaded.update(unloaded)
+    recovery.loaded.update(unloaded)
     for thread, ids in ids_by_thread.items():
         known = recovery.faults.get(thread)
         if known is None or all(sid in known.recipients for sid in ids):

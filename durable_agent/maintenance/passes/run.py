@@ -267,6 +267,9 @@ def begin(p: Pass) -> None:
         p.last_recovered_thread = state.last_recovered_thread
         p.last_served_thread = state.last_served_thread
         p.last_after_native_lane = state.last_after_native_lane
+        if queue.stored is not None:  # Note [Begin knows the native step's records]
+            p.no_binding_waits = not queue.stored.binding_waits
+            p.recovery.none_stored = not queue.stored.faults
         retry_at = tx.retry_deadline() or EPOCH
         native = queue.find(NATIVE)
         publication = queue.find(PUBLICATION)

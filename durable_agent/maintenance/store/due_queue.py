@@ -16,7 +16,12 @@ from django.db import IntegrityError, transaction
 from durable_agent.errors import RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
-from durable_agent.maintenance.store.rows import Tickets, load_lanes_and_tickets, update_where
+from durable_agent.maintenance.store.rows import (
+    Stored,
+    Tickets,
+    load_lanes_and_tickets,
+    update_where,
+)
 from durable_agent.maintenance.types import EPOCH, Lane, validate_cursor, validate_deadline
 from durable_agent.models import DueLane, Host, LaneState
 
@@ -41,16 +46,20 @@ class DueQueue:
         # The host's mutation tickets, when read with the lanes (Note [The tickets come with
         # the lanes] in rows.py); None: ask the database.
         self.tickets: Tickets | None = None
+        # Whether the host has recovery faults and binding waits, when read with the lanes
+        # (Note [Begin knows the native step's records] in rows.py); None: not read.
+        self.stored: Stored | None = None
 
     @classmethod
     def load(cls, host_id: int) -> tuple[DueQueue, Host | None]:
         """Read (and on PostgreSQL lock) the host's rows, in lane order, with the host and its
         alarm slot joined in (one statement; see Note [Read the slot after the lock])."""
-        rows, host, tickets = load_lanes_and_tickets(host_id)
+        read = load_lanes_and_tickets(host_id)
+        host = read.host
         if host is None:  # no lanes yet (a first use): the host and its slot alone
             host = Host.objects.select_related("alarm").filter(pk=host_id).first()
-        queue = cls(host_id, rows)
-        queue.tickets = tickets
+        queue = cls(host_id, read.lanes)
+        queue.tickets, queue.stored = read.tickets, read.stored
         return queue, host
 
     # -- reading ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -45,7 +45,14 @@ from django_q.models import Schedule
 
 from durable_agent import conf
 from durable_agent.maintenance.types import Checkpoint, Lane
-from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket
+from durable_agent.models import (
+    BindingRetry,
+    DueLane,
+    Host,
+    MaintenanceState,
+    MutationTicket,
+    RecoveryFault,
+)
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
 
@@ -96,7 +103,9 @@ class _Reads:
     host: _Columns
     slot: _Columns
     load_sql: str
-    with_tickets: bool  # load_sql's last column holds the host's tickets, and takes its id twice
+    # load_sql's last three columns hold the host's tickets and whether it has recovery faults
+    # and binding waits, and it takes the host's id four times
+    with_tickets: bool
 
 
 _cache: dict[tuple[str, str], _Reads] = {}
@@ -141,6 +150,11 @@ def _reads(connection: BaseDatabaseWrapper) -> _Reads:
             f"t.{quote(_column(MutationTicket, 'expires_at'))})) FROM {tickets_t} t "
             f"WHERE t.{quote(_column(MutationTicket, 'host'))} = %s)"
         )
+        for model in (RecoveryFault, BindingRetry):  # Note [Begin knows the native step's records]
+            columns.append(
+                f"EXISTS (SELECT 1 FROM {quote(model._meta.db_table)} r "
+                f"WHERE r.{quote(_column(model, 'host'))} = %s)"
+            )
     load_sql = (
         f"SELECT {', '.join(columns)} FROM {lanes_t} "
         f"INNER JOIN {host_t} ON ({lanes_t}.{lane_host} = {host_t}.{host_pk}) "
@@ -174,16 +188,33 @@ _ALARM = Host._meta.get_field("alarm")
 Tickets = list[tuple[list[str], datetime]]
 
 
+class Stored(NamedTuple):
+    """Whether the host has any recovery fault and any binding wait, read with its lanes."""
+
+    faults: bool
+    binding_waits: bool
+
+
+class LanesRead(NamedTuple):
+    """The host's lanes, the host with its slot, and on PostgreSQL what the same statement
+    read besides (None where it was not read: another database, or no lanes)."""
+
+    lanes: list[Lane]
+    host: Host | None
+    tickets: Tickets | None  # Note [The tickets come with the lanes]
+    stored: Stored | None  # Note [Begin knows the native step's records]
+
+
 def load_lanes(host_id: int) -> tuple[list[Lane], Host | None]:
     """The host's lanes in lane order (locked where the database can), with the host and its
     slot read by the same statement; ``([], None)`` when the host has no lanes."""
-    lanes, host, _ = load_lanes_and_tickets(host_id)
-    return lanes, host
+    read = load_lanes_and_tickets(host_id)
+    return read.lanes, read.host
 
 
-def load_lanes_and_tickets(host_id: int) -> tuple[list[Lane], Host | None, Tickets | None]:
-    """:func:`load_lanes`, and on PostgreSQL the host's mutation tickets read by the same
-    statement (None where they were not read: another database, or no lanes).
+def load_lanes_and_tickets(host_id: int) -> LanesRead:
+    """:func:`load_lanes`, and on PostgreSQL the host's mutation tickets and whether it has
+    recovery faults and binding waits, read by the same statement.
 
     Note [The tickets come with the lanes]
         A pass asks for the host's live mutation tickets in its begin and again when it
@@ -195,14 +226,25 @@ def load_lanes_and_tickets(host_id: int) -> tuple[list[Lane], Host | None, Ticke
         it runs after the state row is locked, and a ticket is created and deleted only in
         an alarm transaction, which waits for that lock; a ticket created or deleted by the
         transaction itself is not in it, so the gate's own ticket writes ask the database.
+
+    Note [Begin knows the native step's records]
+        The native step reads the host's recovery faults and binding waits before it
+        selects a head: two queries, which for nearly every host find nothing. Only a pass
+        creates either (``record_recovery_faults``, ``record_binding_wait``, each under the
+        pass lease); operators and the registry's change only delete them. So on PostgreSQL
+        the lanes' statement also says whether the host has any of each (two ``EXISTS``
+        columns, over each table's host index), and a pass whose begin took the lease and
+        found none skips those reads until it records one itself (``Pass.no_binding_waits``,
+        ``NativeRecovery.none_stored``). A record deleted after begin read it is read and
+        found missing, as before.
     """
     connection = connections[router.db_for_write(DueLane)]
     reads = _reads(connection)
     with connection.cursor() as cursor:
-        cursor.execute(reads.load_sql, [host_id, host_id] if reads.with_tickets else [host_id])
+        cursor.execute(reads.load_sql, [host_id] * 4 if reads.with_tickets else [host_id])
         rows = cursor.fetchall()
     if not rows:
-        return [], None, None
+        return LanesRead([], None, None, None)
     n_lane, n_host = len(reads.lane.attnames), len(reads.host.attnames)
     lanes = []
     for row in rows:
@@ -227,8 +269,9 @@ def load_lanes_and_tickets(host_id: int) -> tuple[list[Lane], Host | None, Ticke
     slot_row = first[n_lane + n_host : n_lane + n_host + len(reads.slot.attnames)]
     slot = None if slot_row[0] is None else reads.slot.instance(slot_row, connection)
     _ALARM.set_cached_value(host, slot)
-    tickets = _tickets(first[-1]) if reads.with_tickets else None
-    return lanes, host, tickets
+    if not reads.with_tickets:
+        return LanesRead(lanes, host, None, None)
+    return LanesRead(lanes, host, _tickets(first[-3]), Stored(bool(first[-2]), bool(first[-1])))
 
 
 def _tickets(value: Any) -> Tickets:

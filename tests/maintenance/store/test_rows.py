@@ -15,6 +15,7 @@ from django_q.models import Schedule
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE, NATIVE
 from durable_agent.maintenance.store.rows import (
+    Stored,
     _reads,
     insert_row,
     load_lanes,
@@ -29,7 +30,15 @@ from durable_agent.maintenance.store.transactions import (
     run_alarm_transaction,
 )
 from durable_agent.maintenance.types import Lane
-from durable_agent.models import DueLane, Host, MaintenanceState, MutationTicket, PassRecord
+from durable_agent.models import (
+    BindingRetry,
+    DueLane,
+    Host,
+    MaintenanceState,
+    MutationTicket,
+    PassRecord,
+    RecoveryFault,
+)
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import caught_up
 
@@ -171,7 +180,7 @@ def test_load_lanes_and_tickets__the_tickets_come_with_the_lanes_on_postgresql(
             created_at=now - timedelta(seconds=2),
             expires_at=now + timedelta(seconds=ttl - 2 if lanes == ["mail"] else ttl),
         )
-    _, _, tickets = load_lanes_and_tickets(host.pk)
+    tickets = load_lanes_and_tickets(host.pk).tickets
     if connection.vendor != "postgresql":
         assert tickets is None
         return
@@ -192,8 +201,47 @@ def test_load_lanes_and_tickets__the_tickets_come_with_the_lanes_on_postgresql(
 def test_load_lanes_and_tickets__no_ticket_is_an_empty_list_on_postgresql() -> None:
     host = Host.objects.create(key="no-tickets")
     gate.schedule(host, LIFECYCLE, timezone.now())
-    _, _, tickets = load_lanes_and_tickets(host.pk)
+    tickets = load_lanes_and_tickets(host.pk).tickets
     assert tickets == ([] if connection.vendor == "postgresql" else None)
+
+
+def test_load_lanes_and_tickets__says_whether_faults_and_binding_waits_exist_on_postgresql(
+    clock: FakeClock,
+) -> None:
+    """Note [Begin knows the native step's records]: each ``EXISTS`` column answers for the
+    host alone."""
+    host, other = (Host.objects.create(key=key) for key in ("stored", "other"))
+    for each in (host, other):
+        gate.schedule(each, LIFECYCLE, clock.now())
+    now = clock.now()
+    seen = [load_lanes_and_tickets(host.pk).stored]
+    RecoveryFault.objects.create(
+        host=other, thread="t", first_failed_at=now, last_failed_at=now, retry_at=now
+    )
+    BindingRetry.objects.create(
+        host=other, thread="t", submission="1", reported_at=now, registry_key="k"
+    )
+    seen.append(load_lanes_and_tickets(host.pk).stored)
+    RecoveryFault.objects.create(
+        host=host, thread="t", first_failed_at=now, last_failed_at=now, retry_at=now
+    )
+    seen.append(load_lanes_and_tickets(host.pk).stored)
+    BindingRetry.objects.create(
+        host=host, thread="u", submission="2", reported_at=now, registry_key="k"
+    )
+    seen.append(load_lanes_and_tickets(host.pk).stored)
+    RecoveryFault.objects.filter(host=host).delete()
+    seen.append(load_lanes_and_tickets(host.pk).stored)
+    if connection.vendor != "postgresql":
+        assert seen == [None] * 5
+        return
+    assert seen == [
+        Stored(faults=False, binding_waits=False),
+        Stored(faults=False, binding_waits=False),
+        Stored(faults=True, binding_waits=False),
+        Stored(faults=True, binding_waits=True),
+        Stored(faults=False, binding_waits=True),
+    ]
 
 
 def test_insert_row__with_the_other_writes_on_postgresql_and_then_gets_its_id(
