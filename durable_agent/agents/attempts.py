@@ -223,8 +223,33 @@ def _settle(
     result: Any,
     failure: BaseException | None,
 ) -> Settlement | None:
-    """One commit: the settlement (if still ours), native progress and the alarm."""
+    """One commit: the settlement (if still ours), native progress and the alarm.
+
+    Note [A completed attempt settles in one statement]
+        An attempt that returned settles ``completed`` unless its lease was lost or an abort
+        was asked for meanwhile; a failure may instead be retried, by its agent's policy, read
+        from the locked row. So a returned attempt first tries the one conditional ``UPDATE``
+        that settles it (still ``running``, still its owner's, no abort intent), which locks
+        the row as ``_owned``'s ``SELECT ... FOR UPDATE`` would; only when it writes nothing
+        (lost, or aborted) does the attempt read the row and settle as a failure would.
+    """
     with gate.transaction(host) as tx:
+        if failure is None:
+            now = clock.now()
+            fields = transitions.settled(SubmissionOutcome.COMPLETED, now, result=result)
+            if Submission.objects.filter(
+                pk=submission.pk,
+                state=SubmissionState.RUNNING,
+                lease_owner=owner,
+                abort_requested_at__isnull=True,
+            ).update(**fields):
+                tx.record_progress([NATIVE])
+                signals.submission_settled_on_commit(
+                    submission.pk, submission.host_id, SubmissionOutcome.COMPLETED
+                )
+                return Settlement(
+                    submission.thread.key, str(submission.pk), SubmissionOutcome.COMPLETED.value
+                )
         row = _owned(submission, owner)
         if row is None:
             _lost(host, submission, "settle")

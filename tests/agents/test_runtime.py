@@ -7,7 +7,7 @@ import pytest
 from django.db import transaction
 
 import durable_agent
-from durable_agent.agents import leases, registry
+from durable_agent.agents import attempts, leases, registry
 from durable_agent.agents.context import AgentContext, ApprovalRequested
 from durable_agent.agents.errors import LeaseLost, TransactionMisuse
 from durable_agent.agents.runtime import ReferenceRuntime
@@ -311,6 +311,43 @@ def test_process_thread_head__lost_lease_is_never_overwritten(
     assert reference.process_thread_head(host, "t", later(clock)) is None
     assert (row(pk).state, row(pk).lease_owner, row(pk).result) == ("running", "thief", None)
     assert generation(host) == before
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_process_thread_head__a_completed_attempt_settles_without_reading_its_row(
+    host: Host,
+    clock: FakeClock,
+    reference: ReferenceRuntime,
+    monkeypatch: pytest.MonkeyPatch,
+    abort: bool,
+) -> None:
+    # Note [A completed attempt settles in one statement]: the row is read (locked) only when
+    # the settling UPDATE wrote nothing, here because an abort was asked for meanwhile.
+    owned = attempts._owned
+    reads: list[int] = []
+
+    def spy(submission: Submission, owner: str) -> Submission | None:
+        reads.append(submission.pk)
+        return owned(submission, owner)
+
+    monkeypatch.setattr(attempts, "_owned", spy)
+
+    @registry.agent("echo")
+    def done(ctx: AgentContext, payload: Any) -> Any:
+        if abort:
+            durable_agent.abort(ctx.submission.pk)
+        return "done"
+
+    pk = submit(host)
+
+    settlement = reference.process_thread_head(host, "t", later(clock))
+
+    outcome = "aborted" if abort else "completed"
+    assert settlement is not None
+    assert settlement.outcome == outcome
+    assert reads == ([pk] if abort else [])
+    assert (row(pk).state, row(pk).outcome, row(pk).lease_owner) == ("settled", outcome, None)
+    assert row(pk).result == "done"
 
 
 def test_claim__a_second_claim_loses(host: Host, clock: FakeClock, echo: Any) -> None:
