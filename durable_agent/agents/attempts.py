@@ -29,7 +29,7 @@ from durable_agent.errors import BindingUnavailable, is_stop, leaves
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.store.transactions import user_atomic_depth
-from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState
+from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState, Thread
 from durable_agent.observability import log_extra
 from durable_agent.runtime import Settlement
 from durable_agent.runtime.protocol import START_LEAD
@@ -103,34 +103,40 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
         raise TransactionMisuse(
             "process_thread_head() runs agent code and must be called outside transaction.atomic"
         )
-    head = head_of(host, thread)
-    if head is None or head.state != SubmissionState.READY or head.abort_requested_at:
-        return None
-    if head.not_before is not None:  # Note [Start delayed work at its time]
-        early = (head.not_before - clock.now()).total_seconds()
-        if early > START_LEAD.total_seconds():
-            return None
-        if early > 0:
-            time.sleep(early)
-    spec = registry.lookup(head.agent, head.agent_version)
-    if spec is None:
-        raise BindingUnavailable(
-            f"Agent {head.agent!r} version {head.agent_version!r} (submission {head.pk} on "
-            f"thread {thread!r}) is not registered in this process",
-            submission=str(head.pk),
-            thread=thread,
-            agent=head.agent,
-            version=head.agent_version,
-        )
     owner = leases.new_owner()
-    now = clock.now()
-    if not leases.claim(head.pk, owner, now):
-        return None
-    head.state = SubmissionState.RUNNING
-    head.lease_owner = owner
-    head.lease_expires_at = now + leases.lease_ttl()
-    head.attempts += 1
-    head.side_effect_marked = False
+    found = _claim_head(host, thread, owner)
+    if found is not None:  # Note [The head is claimed by the statement that finds it]
+        head, spec = found
+        if head.not_before is not None:  # Note [Start delayed work at its time]
+            time.sleep(max(0.0, (head.not_before - clock.now()).total_seconds()))
+    else:
+        head = head_of(host, thread)
+        if head is None or head.state != SubmissionState.READY or head.abort_requested_at:
+            return None
+        if head.not_before is not None:  # Note [Start delayed work at its time]
+            early = (head.not_before - clock.now()).total_seconds()
+            if early > START_LEAD.total_seconds():
+                return None
+            if early > 0:
+                time.sleep(early)
+        spec = registry.lookup(head.agent, head.agent_version)
+        if spec is None:
+            raise BindingUnavailable(
+                f"Agent {head.agent!r} version {head.agent_version!r} (submission {head.pk} on "
+                f"thread {thread!r}) is not registered in this process",
+                submission=str(head.pk),
+                thread=thread,
+                agent=head.agent,
+                version=head.agent_version,
+            )
+        now = clock.now()
+        if not leases.claim(head.pk, owner, now):
+            return None
+        head.state = SubmissionState.RUNNING
+        head.lease_owner = owner
+        head.lease_expires_at = now + leases.lease_ttl()
+        head.attempts += 1
+        head.side_effect_marked = False
     keeper = leases.LeaseKeeper(head.pk, owner)
     ctx = AgentContext(head, yield_after, owner, keeper.lost)
     result: Any = None
@@ -159,6 +165,25 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
     if approval is not None:
         return _suspend(host, head, owner, approval)
     return _settle(host, head, owner, result=result, failure=failure)
+
+
+def _claim_head(
+    host: Host, thread: str, owner: str
+) -> tuple[Submission, registry.AgentSpec] | None:
+    """The thread's head claimed by ``owner`` with its binding, when one statement could
+    find and claim it (Note [The head is claimed by the statement that finds it]); else None."""
+    specs = registry.snapshot()
+    now = clock.now()
+    head = leases.claim_head(
+        host.pk, thread, owner, now, not_after=now + START_LEAD, bindings=sorted(specs)
+    )
+    if head is None:
+        return None
+    Submission.thread.field.set_cached_value(  # type: ignore[attr-defined]
+        head,
+        Thread.from_db(head._state.db, ["id", "host_id", "key"], [head.thread_id, host.pk, thread]),
+    )
+    return head, specs[(head.agent, head.agent_version)]
 
 
 def _approval_requested(exc: BaseException) -> str | None:

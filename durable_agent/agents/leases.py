@@ -15,14 +15,17 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
+from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
 from durable_agent import clock, conf
-from durable_agent.models import Submission, SubmissionState
+from durable_agent.models import Submission, SubmissionState, Thread
 from durable_agent.renewals import renewing
 
 logger = logging.getLogger("durable_agent.agents")
@@ -60,6 +63,91 @@ def claim(submission_id: int, owner: str, now: datetime) -> bool:
         updated_at=now,
     )
     return updated == 1
+
+
+_claim_heads: dict[tuple[str, str, int], str] = {}
+
+
+def claim_head(
+    host_id: int,
+    thread: str,
+    owner: str,
+    now: datetime,
+    *,
+    not_after: datetime,
+    bindings: Sequence[tuple[str, str]],
+) -> Submission | None:
+    """Find the head of ``thread`` and claim it, in one autocommitted statement, when it is
+    ``ready`` without an abort intent, may start by ``not_after`` and runs one of
+    ``bindings`` (agent, version); None when the head is not so, or there is none.
+
+    Note [The head is claimed by the statement that finds it]
+        An attempt read its thread's head (the first nonterminal submission by sequence),
+        checked it, then claimed it: two statements before the agent's first line, where
+        nearly every head is ``ready``, due and runnable here. So the attempt first tries
+        one ``UPDATE ... RETURNING`` whose ``WHERE`` finds the thread's first nonterminal
+        submission and claims it only under every condition the checks would have applied
+        (``ready``, no abort intent, ``not_before`` within the start lead, a binding this
+        process has). When it claims nothing (an ``unknown`` head to skip or to wait on, a
+        head that is not ready, delayed, or whose binding is missing, a claim lost to
+        someone else), the attempt reads the head and decides as before, so every such case
+        keeps its behaviour and its error. The statement is as atomic as the claim was: the
+        head is found and claimed under the row's lock, and a head settled meanwhile is not
+        claimed.
+    """
+    if not bindings:
+        return None
+    connection = connections[router.db_for_write(Submission)]
+    sql = _claim_head_sql(connection, len(bindings))
+    field = Submission._meta.get_field
+    params: list[Any] = [
+        SubmissionState.RUNNING.value,
+        owner,
+        field("lease_expires_at").get_db_prep_value(now + lease_ttl(), connection),
+        False,
+        field("updated_at").get_db_prep_value(now, connection),
+        host_id,
+        thread,
+        SubmissionState.SETTLED.value,
+        SubmissionState.READY.value,
+        field("not_before").get_db_prep_value(not_after, connection),
+    ]
+    for binding in bindings:
+        params.extend(binding)
+    found = list(Submission.objects.using(connection.alias).raw(sql, params))
+    return found[0] if found else None
+
+
+def _claim_head_sql(connection: BaseDatabaseWrapper, bindings: int) -> str:
+    key = (connection.alias, connection.vendor, bindings)
+    sql = _claim_heads.get(key)
+    if sql is not None:
+        return sql
+    quote = connection.ops.quote_name
+    meta, thread_meta = Submission._meta, Thread._meta
+
+    def column(name: str, model_meta: Any = meta) -> str:
+        return quote(model_meta.get_field(name).column)
+
+    table, threads = quote(meta.db_table), quote(thread_meta.db_table)
+    pk, thread_pk = quote(meta.pk.column), quote(thread_meta.pk.column)  # type: ignore[union-attr]
+    returning = ", ".join(quote(f.column) for f in meta.concrete_fields)
+    pairs = ", ".join(["(%s, %s)"] * bindings)
+    sql = (
+        f"UPDATE {table} SET {column('state')} = %s, {column('lease_owner')} = %s, "
+        f"{column('lease_expires_at')} = %s, {column('attempts')} = {column('attempts')} + 1, "
+        f"{column('side_effect_marked')} = %s, {column('updated_at')} = %s "
+        f"WHERE {pk} = (SELECT s.{pk} FROM {table} s WHERE s.{column('thread')} = "
+        f"(SELECT t.{thread_pk} FROM {threads} t WHERE t.{column('host', thread_meta)} = %s "
+        f"AND t.{column('key', thread_meta)} = %s) AND s.{column('state')} <> %s "
+        f"ORDER BY s.{column('sequence')} LIMIT 1) "
+        f"AND {column('state')} = %s AND {column('abort_requested_at')} IS NULL "
+        f"AND ({column('not_before')} IS NULL OR {column('not_before')} <= %s) "
+        f"AND ({column('agent')}, {column('agent_version')}) IN (VALUES {pairs}) "
+        f"RETURNING {returning}"
+    )
+    _claim_heads[key] = sql
+    return sql
 
 
 def renew(submission_id: int, owner: str) -> bool:

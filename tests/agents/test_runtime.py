@@ -4,10 +4,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 import durable_agent
-from durable_agent.agents import attempts, leases, registry
+from durable_agent.agents import attempts, leases, registry, transitions
 from durable_agent.agents.context import AgentContext, ApprovalRequested
 from durable_agent.agents.errors import LeaseLost, TransactionMisuse
 from durable_agent.agents.runtime import ReferenceRuntime
@@ -670,6 +671,37 @@ def test_discover_work_threads__limit_must_be_positive(
         reference.discover_work_threads(host, None, limit)
 
 
+def test_process_thread_head__finds_and_claims_a_runnable_head_in_one_statement(
+    host: Host, clock: FakeClock, reference: ReferenceRuntime
+) -> None:
+    # Note [The head is claimed by the statement that finds it]
+    seen: list[tuple[str, str, int, bool, Any]] = []
+
+    @registry.agent("echo")
+    def look(ctx: AgentContext, payload: Any) -> Any:
+        s = ctx.submission
+        seen.append((ctx.thread, s.state, s.attempts, s.side_effect_marked, s.lease_expires_at))
+        return "done"
+
+    first, pk = submit(host), submit(host)
+    Submission.objects.filter(pk=first).update(
+        **transitions.settled(SubmissionOutcome.COMPLETED, T0)
+    )
+    Submission.objects.filter(pk=pk).update(side_effect_marked=True, attempts=2)
+
+    with CaptureQueriesContext(connection) as queries:
+        settlement = reference.process_thread_head(host, "t", later(clock))
+
+    assert settlement == Settlement("t", str(pk), "completed")
+    assert seen == [("t", "running", 3, False, clock.now() + leases.lease_ttl())]
+    before_agent = [q["sql"] for q in queries.captured_queries]
+    assert before_agent[0].startswith('UPDATE "durable_agent_submission"')
+    assert "RETURNING" in before_agent[0]
+    assert not any(sql.startswith('SELECT "durable_agent_submission"') for sql in before_agent)
+    assert not any('FROM "durable_agent_thread"' in sql for sql in before_agent[1:])
+
+
+@pytest.mark.parametrize("found_first", [True, False])
 def test_process_thread_head__a_claim_lost_to_a_racer_runs_nothing(
     host: Host,
     clock: FakeClock,
@@ -677,15 +709,28 @@ def test_process_thread_head__a_claim_lost_to_a_racer_runs_nothing(
     calls: list[Any],
     reference: ReferenceRuntime,
     monkeypatch: pytest.MonkeyPatch,
+    found_first: bool,
 ) -> None:
+    # The racer wins before the statement that finds and claims the head (Note [The head is
+    # claimed by the statement that finds it]), or, when that statement is not used, between
+    # the head's read and its claim.
     pk = submit(host)
-    original = leases.claim
+    claim, claim_head = leases.claim, leases.claim_head
 
     def racer_first(submission_id: int, owner: str, now: Any) -> bool:
-        assert original(submission_id, "racer", now)  # another attempt wins the race
-        return original(submission_id, owner, now)
+        assert claim(submission_id, "racer", now)  # another attempt wins the race
+        return claim(submission_id, owner, now)
+
+    def racer_before_the_statement(
+        host_id: int, thread: str, owner: str, now: Any, **kw: Any
+    ) -> Any:
+        if not found_first:
+            return None
+        assert claim(pk, "racer", now)
+        return claim_head(host_id, thread, owner, now, **kw)
 
     monkeypatch.setattr(leases, "claim", racer_first)
+    monkeypatch.setattr(leases, "claim_head", racer_before_the_statement)
 
     assert reference.process_thread_head(host, "t", later(clock)) is None
     assert (row(pk).lease_owner, row(pk).attempts, calls) == ("racer", 1, [])
