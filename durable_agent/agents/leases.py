@@ -67,6 +67,10 @@ def claim(submission_id: int, owner: str, now: datetime) -> bool:
 
 _claim_heads: dict[tuple[str, str, int], str] = {}
 
+#: The most bindings :func:`claim_head` names in its statement; a process with more reads the
+#: head and decides as before (one statement more before the agent).
+CLAIM_HEAD_BINDINGS = 64
+
 
 def claim_head(
     host_id: int,
@@ -79,7 +83,8 @@ def claim_head(
 ) -> Submission | None:
     """Find the head of ``thread`` and claim it, in one autocommitted statement, when it is
     ``ready`` without an abort intent, may start by ``not_after`` and runs one of
-    ``bindings`` (agent, version); None when the head is not so, or there is none.
+    ``bindings`` (agent, version); None when the head is not so, or there is none, or when
+    there are more than ``CLAIM_HEAD_BINDINGS`` bindings (the statement names each).
 
     Note [The head is claimed by the statement that finds it]
         An attempt read its thread's head (the first nonterminal submission by sequence),
@@ -95,7 +100,7 @@ def claim_head(
         head is found and claimed under the row's lock, and a head settled meanwhile is not
         claimed.
     """
-    if not bindings:
+    if not bindings or len(bindings) > CLAIM_HEAD_BINDINGS:
         return None
     connection = connections[router.db_for_write(Submission)]
     sql = _claim_head_sql(connection, len(bindings))

@@ -701,6 +701,24 @@ def test_process_thread_head__finds_and_claims_a_runnable_head_in_one_statement(
     assert not any('FROM "durable_agent_thread"' in sql for sql in before_agent[1:])
 
 
+def test_process_thread_head__with_more_bindings_than_the_statement_names_reads_the_head(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any], reference: ReferenceRuntime
+) -> None:
+    # Note [The head is claimed by the statement that finds it]: past CLAIM_HEAD_BINDINGS the
+    # attempt reads the head first, and runs it all the same.
+    for i in range(leases.CLAIM_HEAD_BINDINGS):
+        registry.register(f"other-{i}", lambda ctx, payload: None)
+    pk = submit(host, payload="p")
+
+    with CaptureQueriesContext(connection) as queries:
+        settlement = reference.process_thread_head(host, "t", later(clock))
+
+    assert settlement == Settlement("t", str(pk), "completed")
+    assert calls == [("echo", "p")]
+    assert queries.captured_queries[0]["sql"].startswith('SELECT "durable_agent_submission"')
+    assert not any("RETURNING" in q["sql"] for q in queries.captured_queries)
+
+
 @pytest.mark.parametrize("found_first", [True, False])
 def test_process_thread_head__a_claim_lost_to_a_racer_runs_nothing(
     host: Host,
