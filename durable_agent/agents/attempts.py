@@ -104,6 +104,8 @@ def process_thread_head(host: Host, thread: str, yield_after: datetime) -> Settl
             "process_thread_head() runs agent code and must be called outside transaction.atomic"
         )
     owner = leases.new_owner()
+    head: Submission | None
+    spec: registry.AgentSpec | None
     found = _claim_head(host, thread, owner)
     if found is not None:  # Note [The head is claimed by the statement that finds it]
         head, spec = found
@@ -179,7 +181,7 @@ def _claim_head(
     )
     if head is None:
         return None
-    Submission.thread.field.set_cached_value(  # type: ignore[attr-defined]
+    Submission.thread.field.set_cached_value(
         head,
         Thread.from_db(head._state.db, ["id", "host_id", "key"], [head.thread_id, host.pk, thread]),
     )

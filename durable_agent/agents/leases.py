@@ -104,7 +104,10 @@ def claim_head(
         return None
     connection = connections[router.db_for_write(Submission)]
     sql = _claim_head_sql(connection, len(bindings))
-    field = Submission._meta.get_field
+
+    def field(name: str) -> Any:
+        return Submission._meta.get_field(name)
+
     params: list[Any] = [
         SubmissionState.RUNNING.value,
         owner,
@@ -129,13 +132,14 @@ def _claim_head_sql(connection: BaseDatabaseWrapper, bindings: int) -> str:
     if sql is not None:
         return sql
     quote = connection.ops.quote_name
-    meta, thread_meta = Submission._meta, Thread._meta
+    meta: Any = Submission._meta
+    thread_meta: Any = Thread._meta
 
     def column(name: str, model_meta: Any = meta) -> str:
         return quote(model_meta.get_field(name).column)
 
     table, threads = quote(meta.db_table), quote(thread_meta.db_table)
-    pk, thread_pk = quote(meta.pk.column), quote(thread_meta.pk.column)  # type: ignore[union-attr]
+    pk, thread_pk = column(meta.pk.name), column(thread_meta.pk.name, thread_meta)
     returning = ", ".join(quote(f.column) for f in meta.concrete_fields)
     pairs = ", ".join(["(%s, %s)"] * bindings)
     sql = (
