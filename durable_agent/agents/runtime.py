@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db.models import FilteredRelation, Q
+
 from durable_agent.agents import attempts, recovery, registry
-from durable_agent.models import Host, Submission, SubmissionState
+from durable_agent.models import Host, MaintenanceState, Submission, SubmissionState
 from durable_agent.runtime import DiscoveryPage, RecoverySweep, Settlement, WorkItem
 
 
@@ -47,17 +49,39 @@ class ReferenceRuntime:
                 "abort_requested_at",
             )
         )
-        return [
-            WorkItem(
-                thread=key,
-                submission=str(pk),
-                state=state,
-                holds_thread=attempts.holds_thread(state, agent, version),
-                not_before=not_before,
-                recoverable=state != SubmissionState.READY or abort_requested is not None,
+        return [_item(*row) for row in rows]
+
+    def scan_nonterminal_with_generation(self, host: Host) -> tuple[list[WorkItem], int] | None:
+        """:meth:`scan_nonterminal` and the host's generation (``MaintenanceState.dirty``),
+        read by one statement (the optional method of ``Runtime``); None when the host has no
+        state row yet.
+
+        One statement reads both from one snapshot: every submission committed with a
+        generation at or below the one returned is in the scan, and none committed after it
+        is (a producer advances the generation in the transaction that admits the work).
+        """
+        open_ = FilteredRelation(
+            "host__submissions", condition=~Q(host__submissions__state=SubmissionState.SETTLED)
+        )
+        rows = list(
+            MaintenanceState.objects.filter(host_id=host.pk)
+            .annotate(open=open_)
+            .order_by("open__thread__key", "open__sequence")
+            .values_list(
+                "dirty",
+                "open__thread__key",
+                "open__id",
+                "open__state",
+                "open__agent",
+                "open__agent_version",
+                "open__not_before",
+                "open__abort_requested_at",
             )
-            for key, pk, state, agent, version, not_before, abort_requested in rows
-        ]
+        )
+        if not rows:
+            return None
+        items = [_item(*row[1:]) for row in rows if row[2] is not None]
+        return items, int(rows[0][0])
 
     def discover_work_threads(self, host: Host, after: str | None, limit: int) -> DiscoveryPage:
         """Threads owning recoverable work (expired leases, abort intents), after ``after``."""
@@ -83,3 +107,23 @@ class ReferenceRuntime:
             .first()
         )
         return requested
+
+
+def _item(
+    key: str,
+    pk: int,
+    state: str,
+    agent: str,
+    version: str,
+    not_before: datetime | None,
+    abort_requested: datetime | None,
+) -> WorkItem:
+    """One scanned submission (Note [A thread with nothing to recover is not swept])."""
+    return WorkItem(
+        thread=key,
+        submission=str(pk),
+        state=state,
+        holds_thread=attempts.holds_thread(state, agent, version),
+        not_before=not_before,
+        recoverable=state != SubmissionState.READY or abort_requested is not None,
+    )

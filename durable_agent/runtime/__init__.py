@@ -17,6 +17,7 @@ from durable_agent.runtime.protocol import (
     WorkItem,
     WorkReport,
     discovers_scanned_only,
+    scan_with_generation,
     stable_external_wait,
 )
 
@@ -32,6 +33,7 @@ __all__ = [
     "discovers_scanned_only",
     "get_runtime",
     "install",
+    "scan_with_generation",
     "stable_external_wait",
 ]
 

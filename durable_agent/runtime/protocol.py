@@ -142,6 +142,14 @@ class Runtime(Protocol):
     finds expired leases and abort intents, both on nonterminal submissions). The pass then
     skips discovery after an empty scan. Without it an empty scan still asks discovery, as
     upstream does.
+
+    One optional method (``scan_with_generation``): ``scan_nonterminal_with_generation(host)
+    -> tuple[list[WorkItem], int] | None``, the scan and the host's generation
+    (``MaintenanceState.dirty``) read from one snapshot, so that every submission committed at
+    or below that generation is in the scan and none after it; None when the host has no
+    state row. The checkpoint's observation then reads both at once (Note [The checkpoint's
+    scan reads its generation] in ``durable_agent/maintenance/passes/native.py``); without it
+    the pass reads the generation first, then scans.
     """
 
     def binding_registry_key(self) -> str:
@@ -182,6 +190,16 @@ def discovers_scanned_only(runtime: Runtime) -> bool:
     """Whether ``runtime`` says its discovery finds only threads its scan returns (the optional
     ``discovery_within_scan`` attribute of :class:`Runtime`; default False)."""
     return getattr(runtime, "discovery_within_scan", False) is True
+
+
+def scan_with_generation(runtime: Runtime, host: Host) -> tuple[list[WorkItem], int] | None:
+    """The scan and the generation from one snapshot, when ``runtime`` has the optional
+    ``scan_nonterminal_with_generation`` (see :class:`Runtime`); else None."""
+    method = getattr(runtime, "scan_nonterminal_with_generation", None)
+    if method is None:
+        return None
+    found: tuple[list[WorkItem], int] | None = method(host)
+    return found
 
 
 def stable_external_wait(item: WorkItem, reports: dict[str, RecoveryReport]) -> bool:

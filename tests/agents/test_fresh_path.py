@@ -63,9 +63,21 @@ def runtime_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         seen.append(("scan_nonterminal", str(len(items))))
         return items
 
+    scan_both = ReferenceRuntime.scan_nonterminal_with_generation
+
+    def scanned_with_generation(self: Any, host: Host) -> Any:
+        both = scan_both(self, host)
+        if both is not None:
+            calls_of_scan.append(len(both[0]))
+            seen.append(("scan_nonterminal_with_generation", str(len(both[0]))))
+        return both
+
     monkeypatch.setattr(ReferenceRuntime, "run_recovery", recovery)
     monkeypatch.setattr(ReferenceRuntime, "discover_work_threads", discovery)
     monkeypatch.setattr(ReferenceRuntime, "scan_nonterminal", scanned)
+    monkeypatch.setattr(
+        ReferenceRuntime, "scan_nonterminal_with_generation", scanned_with_generation
+    )
     monkeypatch.setattr(ReferenceRuntime, "read_abort_intent", intent)
     return seen
 
@@ -81,7 +93,10 @@ def test_a_fresh_submission_runs_without_a_sweep_discovery_or_abort_intent_read(
     assert calls == [("echo", 1)]
     # Not even after the checkpoint's scan, which finds the host empty: the reference
     # runtime's discovery finds only scanned submissions (``discovery_within_scan``).
-    assert runtime_calls == [("scan_nonterminal", "1"), ("scan_nonterminal", "0")]
+    assert runtime_calls == [
+        ("scan_nonterminal", "1"),
+        ("scan_nonterminal_with_generation", "0"),
+    ]
 
 
 def test_a_runtime_that_does_not_say_is_asked_discovery_after_an_empty_scan(
@@ -101,7 +116,7 @@ def test_a_runtime_that_does_not_say_is_asked_discovery_after_an_empty_scan(
     assert calls == [("echo", 1)]
     assert runtime_calls == [
         ("scan_nonterminal", "1"),
-        ("scan_nonterminal", "0"),
+        ("scan_nonterminal_with_generation", "0"),
         ("discover_work_threads", "2"),
     ]
 
@@ -244,6 +259,55 @@ def _reads_of(queries: CaptureQueriesContext, table: str) -> list[str]:
     """The reads of ``table``'s rows (not the lanes' statement, which only asks whether any
     exists: Note [Begin knows the native step's records])."""
     return [q["sql"] for q in queries.captured_queries if q["sql"].startswith(f'SELECT "{table}".')]
+
+
+def _generation_reads(queries: CaptureQueriesContext) -> list[str]:
+    """The statements that read the host's generation alone (no scan joined to it)."""
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith('SELECT "durable_agent_maintenancestate"."dirty"')
+        and "JOIN" not in q["sql"]
+    ]
+
+
+def test_the_checkpoint_reads_its_generation_with_its_scan(
+    host: Host, clock: FakeClock, echo: Any, calls: list[Any]
+) -> None:
+    # Note [The checkpoint's scan reads its generation]: no read of the generation alone.
+    run_pass(host)
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    with CaptureQueriesContext(connection) as queries:
+        report = run_pass(host)
+
+    assert calls == [("echo", 1)]
+    assert report.phase == "actionable"
+    assert _generation_reads(queries) == []
+    state = MaintenanceState.objects.get(host=host)
+    assert state.processed == state.dirty
+
+
+def test_a_runtime_without_the_joint_scan_reads_the_generation_first(
+    host: Host,
+    clock: FakeClock,
+    echo: Any,
+    calls: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The method is optional (Runtime's docstring): without it the pass reads the generation
+    # before it scans, and still acknowledges what it processed.
+    monkeypatch.delattr(ReferenceRuntime, "scan_nonterminal_with_generation")
+    durable_agent.submit(host=host, thread="t", agent="echo", payload=1)
+
+    with CaptureQueriesContext(connection) as queries:
+        report = run_pass(host)
+
+    assert calls == [("echo", 1)]
+    assert report.phase == "actionable"
+    assert len(_generation_reads(queries)) == 1
+    state = MaintenanceState.objects.get(host=host)
+    assert state.processed == state.dirty
 
 
 def test_a_pass_with_no_binding_waits_reads_them_at_most_once(

@@ -71,6 +71,45 @@ def test_scan_nonterminal__empty_host(host: Host, reference: ReferenceRuntime) -
     assert reference.scan_nonterminal(host) == []
 
 
+def dirty(host: Host) -> int:
+    found = generation(host)
+    assert found is not None
+    return found[0]
+
+
+def test_scan_nonterminal_with_generation__the_scan_and_the_generation(
+    host: Host, clock: FakeClock, echo: Any, reference: ReferenceRuntime
+) -> None:
+    # Note [The checkpoint's scan reads its generation]: the same items as the scan, with
+    # the generation, in one statement.
+    for t in ["b", "a", "b", "a", "c"]:
+        submit(host, t)
+    Submission.objects.filter(host=host, thread__key="c").update(
+        state=SubmissionState.SETTLED, outcome=SubmissionOutcome.COMPLETED, settled_at=T0
+    )
+    Submission.objects.filter(host=host, thread__key="b").update(abort_requested_at=T0)
+    submit(HostFactory(), "a")  # another host
+
+    with CaptureQueriesContext(connection) as queries:
+        both = reference.scan_nonterminal_with_generation(host)
+
+    assert len(queries.captured_queries) == 1
+    assert both == (reference.scan_nonterminal(host), dirty(host))
+    assert both is not None and len(both[0]) == 4
+
+
+def test_scan_nonterminal_with_generation__a_host_with_nothing_open(
+    clock: FakeClock, echo: Any, reference: ReferenceRuntime
+) -> None:
+    host = HostFactory()
+    assert reference.scan_nonterminal_with_generation(host) is None  # no state row yet
+    done = submit(host, "t")
+    Submission.objects.filter(pk=done).update(
+        state=SubmissionState.SETTLED, outcome=SubmissionOutcome.COMPLETED, settled_at=T0
+    )
+    assert reference.scan_nonterminal_with_generation(host) == ([], dirty(host))
+
+
 def test_read_abort_intent__only_for_ready_submissions(
     host: Host, clock: FakeClock, echo: Any, reference: ReferenceRuntime
 ) -> None:

@@ -152,6 +152,7 @@ from durable_agent.runtime import (
     RecoverySweep,
     WorkItem,
     discovers_scanned_only,
+    scan_with_generation,
     stable_external_wait,
 )
 
@@ -205,19 +206,34 @@ class View:
 
 
 def observe(step: Pass, *, generation: bool = False) -> View:
-    """Scan, discover and pick the heads; with ``generation``, first read the generation
-    the scan answers for (the checkpoint acknowledges it)."""
+    """Scan, discover and pick the heads; with ``generation``, also read the generation the
+    scan answers for (the checkpoint acknowledges it).
+
+    Note [The checkpoint's scan reads its generation]
+        The checkpoint may acknowledge only a generation whose work its scan saw. A producer
+        may have advanced the generation since begin (the rest of the state row is the
+        pass's own, read by begin, kept by it), so the generation was read before the scan:
+        a producer that commits between the two leaves work in the scan above the read
+        generation, which is safe, never the reverse. A runtime that can read both in one
+        statement (``scan_nonterminal_with_generation``, which the reference runtime has)
+        gives them from one snapshot, exact and one statement fewer; any other runtime is
+        read in that order.
+    """
     host, runtime, recovery = step.host, step.runtime, step.recovery
-    # The generation this scan answers for, read before it: a producer may have advanced it
-    # since begin. The rest of the state row is the pass's own (read by begin, kept by it).
-    scanned_generation = (
-        MaintenanceState.objects.filter(host_id=host.pk).values_list("dirty", flat=True).get()
-        if generation
-        else None
-    )
     cursor = step.last_recovered_thread
+    scanned_generation: int | None = None
     with gate.native_source():
-        current = list(runtime.scan_nonterminal(host))
+        both = scan_with_generation(runtime, host) if generation else None
+        if both is not None:  # Note [The checkpoint's scan reads its generation]
+            current, scanned_generation = list(both[0]), both[1]
+        else:
+            if generation:
+                scanned_generation = (
+                    MaintenanceState.objects.filter(host_id=host.pk)
+                    .values_list("dirty", flat=True)
+                    .get()
+                )
+            current = list(runtime.scan_nonterminal(host))
         if (current or discovers_scanned_only(runtime)) and not any(
             item.recoverable for item in current
         ):
