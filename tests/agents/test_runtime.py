@@ -95,7 +95,8 @@ def test_scan_nonterminal_with_generation__the_scan_and_the_generation(
 
     assert len(queries.captured_queries) == 1
     assert both == (reference.scan_nonterminal(host), dirty(host))
-    assert both is not None and len(both[0]) == 4
+    assert both is not None
+    assert len(both[0]) == 4
 
 
 def test_scan_nonterminal_with_generation__a_host_with_nothing_open(
