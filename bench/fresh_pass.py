@@ -1,6 +1,6 @@
 """The pass that runs one fresh submission: its wall time and its statements.
 
-    python -m bench.fresh_pass [--passes 200] [--counted 20] [--runs 3]
+    python -m bench.fresh_pass [--passes 200] [--counted 20] [--runs 3] [--statements]
 
 Each pass runs in this process (``run_pass``, no broker, no worker), on a caught-up host of
 its own (its first-use pass already ran) whose only work is one fresh submission of a
@@ -9,8 +9,9 @@ trivial agent (``bench-fresh``, which notes the time of its first line). Measure
 passes with every Django connection of the process counted (every thread: the pass's pool
 and runner too): SQL statements (``BEGIN`` and ``COMMIT`` are not statements Django
 executes, so they are not among them), commits and connection health checks, before the
-agent's first line and in the whole pass. The counted passes are not timed. Goal: at most
-5 ms and 12 statements per pass (docs/benchmarks.md).
+agent's first line and in the whole pass; ``--statements`` prints each run's first counted
+pass's statements, in order. The counted passes are not timed. Goal: at most 5 ms and 12
+statements per pass (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -27,14 +28,18 @@ from bench.common import machine, reset, setup, summary, table
 
 _first_line: list[float] = []
 _counts: list[tuple[float, str]] = []  # (when, kind) of every counted round trip
+_statements: list[tuple[float, str]] = []  # (when, SQL) of every counted statement
 _counting = threading.Event()
 _lock = threading.Lock()
 
 
-def _note(kind: str) -> None:
+def _note(kind: str, sql: str = "") -> None:
     if _counting.is_set():
         with _lock:
-            _counts.append((time.perf_counter(), kind))
+            now = time.perf_counter()
+            _counts.append((now, kind))
+            if sql:
+                _statements.append((now, sql))
 
 
 def _install_counters() -> None:
@@ -44,7 +49,7 @@ def _install_counters() -> None:
     from django.db.backends.signals import connection_created
 
     def counted_sql(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        _note("sql")
+        _note("sql", sql)
         return execute(sql, params, many, context)
 
     def add_wrapper(connection: Any, **_: Any) -> None:
@@ -114,6 +119,7 @@ def run(passes: int, counted: int, run_no: int) -> dict[str, Any]:
     for i in range(counted):
         with _lock:
             _counts.clear()
+            _statements.clear()
         _counting.set()
         try:
             started, agent, ended = one_pass(f"counted-{run_no}-{i}")
@@ -123,7 +129,15 @@ def run(passes: int, counted: int, run_no: int) -> dict[str, Any]:
             inside = [(t, k) for t, k in _counts if started <= t <= ended]
         before.append(Counter(k for t, k in inside if t <= agent))
         total.append(Counter(k for _, k in inside))
+        if i == 0:
+            with _lock:
+                first = [
+                    ("before" if t <= agent else "after", sql)
+                    for t, sql in _statements
+                    if started <= t <= ended
+                ]
     return {
+        "statements": first if counted else [],
         "to_agent": summary(to_agent),
         "whole": summary(whole),
         "before": before,
@@ -141,6 +155,9 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=200)
     parser.add_argument("--counted", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--statements", action="store_true", help="print the first counted pass's statements"
+    )
     args = parser.parse_args()
     setup()
     _register_agent()
@@ -190,6 +207,11 @@ def main() -> None:
         ],
         [*rows, median],
     )
+    if args.statements:
+        for n, r in enumerate(results):
+            print(f"\nStatements of run {n + 1}'s first counted pass:\n")
+            for i, (when, sql) in enumerate(r["statements"], 1):
+                print(f"{i:2d}. ({when} the agent) {' '.join(sql.split())[:160]}")
 
 
 if __name__ == "__main__":
