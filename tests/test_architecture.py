@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "base",
         (
             "durable_agent.clock",
+            "durable_agent.compiled",
             "durable_agent.conf",
             "durable_agent.errors",
             "durable_agent.renewals",
@@ -384,3 +385,40 @@ def test_architecture__maintenance_has_at_most_5_floors() -> None:
     # Each floor is a layer of LAYERS, so the import rules above hold between the floors.
     names = {name for name, _ in LAYERS}
     assert all(f"maintenance {floor}" in names for floor in floors), floors
+
+
+# A Note is defined on a line of its own (``Note [name]``, in a docstring or after ``#``,
+# ``#:`` or ``--``) and cited elsewhere as "Note [name] in <file>".
+NOTE_DEFINITION = re.compile(r'^\s*(?:#:?\s*|--\s*|"""\s*)?Note \[([^\]]+)\]\s*$')
+NOTE_ROW = re.compile(r"^\| Note \[([^\]]+)\] \| `([^`]+)` \|$", re.MULTILINE)
+
+
+def _note_definitions() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*")):
+        if path.suffix not in (".py", ".sql"):
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            match = NOTE_DEFINITION.match(line)
+            if match:
+                found.setdefault(match.group(1), set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_architecture__every_note_is_in_the_index() -> None:
+    # docs/architecture.md, "Notes": every Note the package defines, with a file defining it.
+    defined = _note_definitions()
+    index = dict(NOTE_ROW.findall((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")))
+    assert "Lock order" in defined  # the scan finds the package's Notes, so this can fail
+    missing = sorted(
+        f"Note [{name}] ({', '.join(sorted(files))})"
+        for name, files in defined.items()
+        if name not in index
+    )
+    assert not missing, "Notes missing from docs/architecture.md:\n" + "\n".join(missing)
+    misplaced = sorted(
+        f"Note [{name}]: the index says {index[name]}, defined in {', '.join(sorted(files))}"
+        for name, files in defined.items()
+        if name in index and index[name] not in files
+    )
+    assert not misplaced, "Notes indexed under the wrong file:\n" + "\n".join(misplaced)

@@ -8,10 +8,12 @@ holds no state, so one instance serves every host and every worker thread.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from django.db.models import FilteredRelation, Q
+from django.db.models import FilteredRelation, Q, QuerySet
 
 from durable_agent.agents import attempts, recovery, registry
+from durable_agent.compiled import CompiledRead
 from durable_agent.models import Host, MaintenanceState, Submission, SubmissionState
 from durable_agent.runtime import DiscoveryPage, RecoverySweep, Settlement, WorkItem
 
@@ -35,21 +37,7 @@ class ReferenceRuntime:
         submission without an abort intent is not ``recoverable``: ``run_recovery`` changes
         only expired leases and abort intents (``durable_agent/agents/recovery.py``).
         """
-        rows = (
-            Submission.objects.nonterminal()
-            .filter(host=host)
-            .order_by("thread__key", "sequence")
-            .values_list(
-                "thread__key",
-                "pk",
-                "state",
-                "agent",
-                "agent_version",
-                "not_before",
-                "abort_requested_at",
-            )
-        )
-        return [_item(*row) for row in rows]
+        return [_item(*row) for row in _SCAN.rows(int(host.pk))]
 
     def scan_nonterminal_with_generation(self, host: Host) -> tuple[list[WorkItem], int] | None:
         """:meth:`scan_nonterminal` and the host's generation (``MaintenanceState.dirty``),
@@ -60,24 +48,7 @@ class ReferenceRuntime:
         generation at or below the one returned is in the scan, and none committed after it
         is (a producer advances the generation in the transaction that admits the work).
         """
-        open_ = FilteredRelation(
-            "host__submissions", condition=~Q(host__submissions__state=SubmissionState.SETTLED)
-        )
-        rows = list(
-            MaintenanceState.objects.filter(host_id=host.pk)
-            .annotate(open=open_)
-            .order_by("open__thread__key", "open__sequence")
-            .values_list(
-                "dirty",
-                "open__thread__key",
-                "open__id",
-                "open__state",
-                "open__agent",
-                "open__agent_version",
-                "open__not_before",
-                "open__abort_requested_at",
-            )
-        )
+        rows = _SCAN_WITH_GENERATION.rows(int(host.pk))
         if not rows:
             return None
         items = [_item(*row[1:]) for row in rows if row[2] is not None]
@@ -107,6 +78,50 @@ class ReferenceRuntime:
             .first()
         )
         return requested
+
+
+def _scan(host_id: int) -> QuerySet[Submission, tuple[Any, ...]]:
+    return (
+        Submission.objects.nonterminal()
+        .filter(host_id=host_id)
+        .order_by("thread__key", "sequence")
+        .values_list(
+            "thread__key",
+            "pk",
+            "state",
+            "agent",
+            "agent_version",
+            "not_before",
+            "abort_requested_at",
+        )
+    )
+
+
+def _scan_with_generation(host_id: int) -> QuerySet[MaintenanceState, tuple[Any, ...]]:
+    open_ = FilteredRelation(
+        "host__submissions", condition=~Q(host__submissions__state=SubmissionState.SETTLED)
+    )
+    return (
+        MaintenanceState.objects.filter(host_id=host_id)
+        .annotate(open=open_)
+        .order_by("open__thread__key", "open__sequence")
+        .values_list(
+            "dirty",
+            "open__thread__key",
+            "open__id",
+            "open__state",
+            "open__agent",
+            "open__agent_version",
+            "open__not_before",
+            "open__abort_requested_at",
+        )
+    )
+
+
+# Both scans run in every actionable pass: compiled once (Note [Reads compiled once] in
+# durable_agent/compiled.py).
+_SCAN = CompiledRead(Submission, _scan)
+_SCAN_WITH_GENERATION = CompiledRead(MaintenanceState, _scan_with_generation)
 
 
 def _item(
