@@ -28,6 +28,7 @@ from durable_agent.agents.services import encode_json
 from durable_agent.errors import BindingUnavailable, is_stop, leaves
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
+from durable_agent.maintenance.store.rows import update_now
 from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState, Thread
 from durable_agent.observability import log_extra
@@ -264,12 +265,8 @@ def _settle(
         if failure is None:
             now = clock.now()
             fields = transitions.settled(SubmissionOutcome.COMPLETED, now, result=result)
-            if Submission.objects.filter(
-                pk=submission.pk,
-                state=SubmissionState.RUNNING,
-                lease_owner=owner,
-                abort_requested_at__isnull=True,
-            ).update(**fields):
+            where = {"id": submission.pk, "state": SubmissionState.RUNNING, "lease_owner": owner}
+            if update_now(Submission, fields, where, null=("abort_requested_at",)):
                 tx.record_progress([NATIVE])
                 signals.submission_settled_on_commit(
                     submission.pk, submission.host_id, SubmissionOutcome.COMPLETED

@@ -25,6 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
 from durable_agent import clock, conf
+from durable_agent.compiled import Columns
 from durable_agent.models import Submission, SubmissionState, Thread
 from durable_agent.renewals import renewing
 
@@ -122,8 +123,14 @@ def claim_head(
     ]
     for binding in bindings:
         params.extend(binding)
-    found = list(Submission.objects.using(connection.alias).raw(sql, params))
-    return found[0] if found else None
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    head = Columns.cached(Submission, connection).instance(row, connection)
+    assert isinstance(head, Submission)
+    return head
 
 
 def _claim_head_sql(connection: BaseDatabaseWrapper, bindings: int) -> str:
@@ -140,7 +147,7 @@ def _claim_head_sql(connection: BaseDatabaseWrapper, bindings: int) -> str:
 
     table, threads = quote(meta.db_table), quote(thread_meta.db_table)
     pk, thread_pk = column(meta.pk.name), column(thread_meta.pk.name, thread_meta)
-    returning = ", ".join(quote(f.column) for f in meta.concrete_fields)
+    returning = ", ".join(Columns.cached(Submission, connection).sql)  # read back by claim_head
     pairs = ", ".join(["(%s, %s)"] * bindings)
     sql = (
         f"UPDATE {table} SET {column('state')} = %s, {column('lease_owner')} = %s, "

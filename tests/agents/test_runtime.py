@@ -824,3 +824,27 @@ def test_agent_context__exposes_the_approval_request(
     reference.process_thread_head(host, "t", later(clock))
 
     assert seen == [(None, False), ("pay?", True)]
+
+
+def test_claim_head__gives_the_claimed_row_as_the_orm_reads_it(
+    host: Host, clock: FakeClock, echo: Any
+) -> None:
+    # The statement's row is read back through each field's converters (Columns in
+    # durable_agent/compiled.py): JSON, datetimes and booleans as the ORM gives them.
+    pk = submit(host, payload={"a": [1, "x"], "b": None})
+    Submission.objects.filter(pk=pk).update(not_before=clock.now())
+    now = clock.now()
+    head = leases.claim_head(
+        host.pk, "t", "me", now, not_after=now + timedelta(seconds=1), bindings=[("echo", "1")]
+    )
+    assert head is not None
+    stored = row(pk)
+    fields = [f.attname for f in Submission._meta.concrete_fields]
+    assert {f: getattr(head, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+    assert (head.state, head.lease_owner, head.payload) == (
+        "running",
+        "me",
+        {"a": [1, "x"], "b": None},
+    )
+    assert head._state.adding is False
+    assert head._state.db == stored._state.db

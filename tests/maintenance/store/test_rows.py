@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import Schedule
 
+from durable_agent.agents import transitions
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import LIFECYCLE, NATIVE
 from durable_agent.maintenance.store.rows import (
@@ -21,6 +22,7 @@ from durable_agent.maintenance.store.rows import (
     load_lanes,
     load_lanes_and_tickets,
     lock_state_row,
+    update_now,
     update_where,
     writes_together,
 )
@@ -38,8 +40,12 @@ from durable_agent.models import (
     MutationTicket,
     PassRecord,
     RecoveryFault,
+    Submission,
+    SubmissionOutcome,
+    SubmissionState,
 )
 from durable_agent.testing import FakeClock
+from tests.factories import SubmissionFactory, ThreadFactory
 from tests.maintenance.helpers import caught_up
 
 pytestmark = pytest.mark.django_db
@@ -117,6 +123,45 @@ def test_update_where__prepares_values_and_reports_rows_written(clock: FakeClock
     assert written == [0, 1]
     row.refresh_from_db()
     assert (row.revision, row.due_at, row.reported) == (5, due, True)
+
+
+def test_update_now__null_conditions_at_once_even_inside_writes_together(
+    clock: FakeClock,
+) -> None:
+    # The settle's statement (Note [A completed attempt settles in one statement]): IS NULL
+    # among the conditions, its count known at once, a JSON None stored as SQL NULL.
+    thread = ThreadFactory()
+    rows = [
+        SubmissionFactory(
+            thread=thread,
+            state=SubmissionState.RUNNING,
+            lease_owner="me",
+            lease_expires_at=clock.now() + timedelta(minutes=1),
+            abort_requested_at=aborted,
+            result={"old": n},
+        )
+        for n, aborted in ((1, None), (2, clock.now()))
+    ]
+    fields = transitions.settled(SubmissionOutcome.COMPLETED, clock.now(), result=None)
+    with writes_together(connection.alias):
+        counts = [
+            update_now(
+                Submission,
+                fields,
+                {"id": row.pk, "lease_owner": "me"},
+                null=("abort_requested_at",),
+            )
+            for row in rows
+        ]
+        assert counts == [1, 0]  # known before the block's end
+    assert update_now(Submission, fields, {"id": rows[0].pk, "lease_owner": "other"}) == 0
+    for row in rows:
+        row.refresh_from_db()
+    assert [(r.state, r.result) for r in rows] == [
+        (SubmissionState.SETTLED, None),
+        (SubmissionState.RUNNING, {"old": 2}),
+    ]
+    assert Submission.objects.filter(pk=rows[0].pk, result__isnull=True).exists()  # SQL NULL
 
 
 def test_writes_together__one_statement_on_postgresql_each_check_on_its_own_count(
