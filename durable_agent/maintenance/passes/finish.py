@@ -6,10 +6,10 @@ paths of ``durable_agent/maintenance/passes/waves.py``. ``rearm_failure`` durabl
 bounded recovery after a failed pass (docs/pass.md, failures).
 
 What a pass did: its ``PassReport``, and the ``PassRecord`` row that keeps it. ``write_record``
-inserts the row (and about every 20th pass of a host prunes that host's history to
-``PASS_HISTORY`` rows) inside whatever transaction calls it; ``record`` writes it in its own,
-never failing the pass for it; ``recorded`` follows a pass whose last transaction already wrote
-it.
+inserts the row (and about one pass in twenty prunes its host's history to ``PASS_HISTORY``
+rows, Note [One trim in twenty, in any order]) inside whatever transaction calls it;
+``record`` writes it in its own, never failing the pass for it; ``recorded`` follows a pass
+whose last transaction already wrote it.
 """
 
 from __future__ import annotations
@@ -206,6 +206,22 @@ def record_pass(p: Pass, report: PassReport, *, deadline: datetime | None) -> No
     record(p.host, p.started_at, report, deadline=deadline)
 
 
+def trims(record_id: int) -> bool:
+    """Whether the pass whose record got ``record_id`` trims its host's history: about one
+    in twenty.
+
+    Note [One trim in twenty, in any order]
+        The trim is one more statement (two when it deletes), so it runs for about one pass
+        in twenty. The rule was ``record_id % 20 == host.pk % 20``: record ids and host ids
+        both count up, so hosts passing in id order (a burst) or in turn (a round robin of
+        twenty) kept the difference fixed, and then every pass trimmed or none ever did. The
+        rule is now a Fibonacci hash of the record id alone: about one pass in twenty in any
+        order of hosts, every host of a round robin trimming at its share, and the same
+        answer for the same id (no random draw that a test pinning the jitter would see).
+    """
+    return (((record_id * 0x9E3779B1) & 0xFFFFFFFF) >> 16) % 20 == 0
+
+
 def write_record(
     host: Host,
     started_at: datetime,
@@ -214,14 +230,15 @@ def write_record(
     deadline: datetime | None,
     error: BaseException | None = None,
 ) -> None:
-    """Insert the pass's ``PassRecord``; about every 20th pass of a host also prunes its
-    history to ``PASS_HISTORY`` rows. Inside an alarm transaction on PostgreSQL the insert is
-    part of its one write statement (Note [One write statement per alarm transaction] in
-    ``durable_agent/maintenance/store/rows.py``), and the pruning follows it."""
+    """Insert the pass's ``PassRecord``; about one pass in twenty also prunes its host's
+    history to ``PASS_HISTORY`` rows (:func:`trims`). Inside an alarm transaction on
+    PostgreSQL the insert is part of its one write statement (Note [One write statement per
+    alarm transaction] in ``durable_agent/maintenance/store/rows.py``), and the pruning
+    follows it."""
 
     def prune(record_id: int) -> None:
         keep = conf.pass_history()
-        if record_id % 20 == host.pk % 20 or keep < 20:  # about every 20th pass of each host
+        if trims(record_id) or keep < 20:
             cutoff = (
                 PassRecord.objects.filter(host=host)
                 .order_by("-started_at", "-id")
