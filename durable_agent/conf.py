@@ -413,6 +413,27 @@ RECOMMENDED_Q_CLUSTER: Mapping[str, Any] = {
 # reused, so recommended_database() keeps them only in the qcluster process.
 RECOMMENDED_CONN_MAX_AGE = 600
 
+# Note [Prepared statements on PostgreSQL]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Django sends every statement to PostgreSQL as text with its parameters quoted in, and turns
+# psycopg's prepared statements off, so the server parses and plans each pass's statements
+# every time. A pass runs the same few statements (compiled once, Note [Reads compiled once])
+# for every host, so recommended_database() turns on server-side binding with psycopg's
+# prepared statements (a statement run PREPARE_THRESHOLD times on a connection is prepared
+# there and planned once). A burst of due hosts drains faster with them (docs/benchmarks.md,
+# "Prepared statements"). A connection pooler in transaction mode (PgBouncer before 1.21, or
+# without max_prepared_statements) cannot keep prepared statements: pass prepared=False, or set
+# the two OPTIONS yourself; keys already in OPTIONS are left as they are.
+PREPARE_THRESHOLD = 5
+
+
+def _psycopg3() -> bool:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
 
 def running_qcluster(argv: Sequence[str] | None = None) -> bool:
     """Whether this process is ``manage.py qcluster`` (or ``django-admin qcluster``)."""
@@ -430,15 +451,21 @@ def recommended_q_cluster(**overrides: Any) -> dict[str, Any]:
     return {key: value for key, value in cluster.items() if value is not None}
 
 
-def recommended_database(database: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+def recommended_database(
+    database: Mapping[str, Any], *, prepared: bool = True, **overrides: Any
+) -> dict[str, Any]:
     """A copy of one ``DATABASES`` entry with the options durable_agent needs.
 
     Every engine gets connection health checks, and persistent connections (``CONN_MAX_AGE``
     600) in the ``qcluster`` process, 0 in any other. SQLite also gets
     ``OPTIONS["transaction_mode"] = "IMMEDIATE"`` (``BEGIN IMMEDIATE`` is what serialises its
     writers; without it concurrent transactions fail with "database is locked") and a 20 s busy
-    ``timeout`` unless one is set. Top-level ``overrides`` (for example ``CONN_MAX_AGE=600``
-    for a WSGI server whose threads are reused) are applied last::
+    ``timeout`` unless one is set. PostgreSQL with psycopg 3 gets server-side binding and
+    prepared statements (``OPTIONS`` ``server_side_binding`` and ``prepare_threshold``, unless
+    set) when ``prepared`` is true: pass ``prepared=False`` behind a pooler in transaction mode
+    that cannot keep them (Note [Prepared statements on PostgreSQL]). Top-level ``overrides``
+    (for example ``CONN_MAX_AGE=600`` for a WSGI server whose threads are reused) are applied
+    last::
 
         DATABASES["default"] = recommended_database(DATABASES["default"])
     """
@@ -451,6 +478,12 @@ def recommended_database(database: Mapping[str, Any], **overrides: Any) -> dict[
         options = dict(database.get("OPTIONS") or {})
         options["transaction_mode"] = "IMMEDIATE"
         options.setdefault("timeout", 20)
+        result["OPTIONS"] = options
+    elif prepared and "postgresql" in str(database.get("ENGINE", "")) and _psycopg3():
+        # Note [Prepared statements on PostgreSQL]
+        options = dict(database.get("OPTIONS") or {})
+        options.setdefault("server_side_binding", True)
+        options.setdefault("prepare_threshold", PREPARE_THRESHOLD)
         result["OPTIONS"] = options
     result.update(overrides)
     return result

@@ -155,9 +155,19 @@ def test_recommended_database__sqlite_and_postgresql() -> None:
     postgres = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
     assert conf.recommended_database(postgres, CONN_MAX_AGE=60) == {
         **postgres,
+        "OPTIONS": {"server_side_binding": True, "prepare_threshold": conf.PREPARE_THRESHOLD},
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
     }
+    # Behind a pooler that cannot keep prepared statements: none; the user's OPTIONS win.
+    assert "OPTIONS" not in conf.recommended_database(postgres, prepared=False)
+    pooled = {**postgres, "OPTIONS": {"prepare_threshold": None, "sslmode": "require"}}
+    assert conf.recommended_database(pooled)["OPTIONS"] == {
+        "prepare_threshold": None,
+        "sslmode": "require",
+        "server_side_binding": True,
+    }
+    assert pooled["OPTIONS"] == {"prepare_threshold": None, "sslmode": "require"}  # a copy
     with mock.patch("sys.argv", ["manage.py", "qcluster"]):
         assert conf.recommended_database(postgres)["CONN_MAX_AGE"] == 600
 

@@ -115,3 +115,22 @@ def test_a_read_that_does_not_take_its_key_is_refused() -> None:
 
 def test_the_marker_is_no_key() -> None:
     assert compiled.MARKER < 0  # primary keys are positive: no row has it
+
+
+@pytest.mark.postgres
+def test_a_pass_statement_run_often_is_prepared_on_postgresql() -> None:
+    # Note [Prepared statements on PostgreSQL] (durable_agent/conf.py): the settings come from
+    # recommended_database(), so a scan run more than PREPARE_THRESHOLD times on one
+    # connection is planned once, as a prepared statement of that connection.
+    from django.db import connection
+
+    from durable_agent.conf import PREPARE_THRESHOLD
+
+    host = HostFactory.build(pk=_ledger()[0])
+    reference = ReferenceRuntime()
+    for _ in range(PREPARE_THRESHOLD + 1):
+        assert [item.thread for item in reference.scan_nonterminal(host)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any("durable_agent_submission" in statement for statement in prepared), prepared
