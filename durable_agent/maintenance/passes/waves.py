@@ -369,6 +369,34 @@ def after_native(p: Pass) -> list[BaseException]:
     return failures
 
 
+# Note [Nothing or one wave to run]
+#     Most passes of a busy deployment find the host caught up (no native work) with nothing
+#     or one lane wave to run: a duplicate delivery, a host whose slot outlived its work, a
+#     host with one due outbox lane, each host of a burst of due lanes. Each transaction is a
+#     round trip per statement and a commit, and the pass's total is what a burst of due
+#     hosts is drained at, so such a pass does its steps in one transaction, or two, instead
+#     of four (begin, the wave's charge, its completion, the finish):
+#
+#     - nothing to run: the begin transaction (``begin`` in ``passes/run.py``, through
+#       ``quick``) also makes the finish decision (re-arm at the earliest lane deadline, or
+#       disarm), releases the lease it took and writes the ``PassRecord``, all in one commit,
+#       so the slot is written at most once;
+#     - one concurrent wave: the begin transaction also charges it (the claim and the slot
+#       within the lease, exactly what the wave's own charge transaction does, Note [Charge
+#       before fallible work]); the handler then runs on the pass's own thread under the
+#       lease's heartbeat, and one transaction (``one_wave``) completes the lane, releases the
+#       lease, makes the finish decision and writes the ``PassRecord``. A failing handler is
+#       completed with backoff in its own transaction and fails the pass as on the general
+#       path (``rearm_failure``).
+#
+#     Anything else (the native step, a due or parked publication lane, a due lane of another
+#     step, several waves, a due lane without a handler, a wave whose allowance would pass the
+#     pass's dispatch or yield limit) takes the general path. The failpoints keep their
+#     meaning: ``maintenance:begin:before`` before the first transaction,
+#     ``maintenance:begin:after`` and ``maintenance:finish:before`` around the handler,
+#     ``maintenance:finish:after`` after the last.
+
+
 NOTHING = "nothing"
 
 
