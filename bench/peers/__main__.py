@@ -3,6 +3,7 @@
     python -m bench.peers [--runs 3] [--only NAME ...] [--timers 500] [--spread 20]
                           [--burst 1000] [--commit-ops 300] [--immediate 200]
                           [--immediate-rate 20] [--scenarios lateness burst commit immediate]
+                          [--hog 0]
 
 One invocation, one machine, one PostgreSQL database (``BENCH_DATABASE_URL``, dropped and
 created afresh); every system with two workers and its recommended settings
@@ -17,7 +18,9 @@ enqueue call returned (durable_agent: ``gate.schedule(host, lane, now)``, and ``
 a trivial agent in rows of its own). Each cell is the median
 of the runs. Every error is counted and shown (a timer that never ran, ran twice, a task the
 system reports as failed, an ERROR logged by a worker process, a worker that died); nothing is
-retried. Shorter: ``--runs 1``, ``--only``, fewer ``--timers``/``--burst``, ``--spread 10``.
+retried. ``--hog N`` runs N CPU hogs (a busy loop each, at normal priority) through every
+system's measured rounds, started after its warm-up: how each degrades with the cores busy.
+Shorter: ``--runs 1``, ``--only``, fewer ``--timers``/``--burst``, ``--spread 10``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.peers.settings")
 import argparse
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -110,18 +115,11 @@ def run_system(column: Column, args: argparse.Namespace, logs: Path) -> None:
         if not warm_up(system):
             column.errors["workers never ran a task"] += 1
             return
-        for run in range(args.runs):
-            if "lateness" in live:
-                outcome = scenarios.lateness(system, run, args.timers, args.spread, patience)
-                column.add("lateness", outcome)
-            if "burst" in live:
-                column.add("burst", scenarios.burst(system, run, args.burst, patience))
-            if "immediate" in live:
-                outcome = scenarios.immediate(
-                    system, run, args.immediate, args.immediate_rate, patience
-                )
-                column.add("immediate", outcome)
-            print(f"{system.name}: run {run + 1} of {args.runs} done", flush=True)
+        hogs = start_hogs(args.hog)
+        try:
+            run_rounds(column, system, args, live, patience)
+        finally:
+            stop_hogs(hogs)
     finally:
         if not wait_for(system.drained, timeout=DEFAULT_PATIENCE, interval=0.5):
             column.notes.append(
@@ -140,6 +138,41 @@ def run_system(column: Column, args: argparse.Namespace, logs: Path) -> None:
             column.notes.append(f"{row['source']}: {row['kind']}: {row['message'][-300:]}")
         shutil.rmtree(errors, ignore_errors=True)
         system.clean()
+
+
+#: A CPU hog: a process that only burns CPU, at the priority of everything else.
+HOG = "while True:\n    pass"
+
+
+def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
+    """``--hog``: ``count`` processes that keep a core busy each, for the measured rounds of
+    every system alike (started after its warm-up, stopped after its last round)."""
+    return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(count)]
+
+
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
+    for hog in hogs:
+        hog.kill()
+    for hog in hogs:
+        hog.wait()
+
+
+def run_rounds(
+    column: Column, system: System, args: argparse.Namespace, live: list[str], patience: float
+) -> None:
+    """``--runs`` rounds of the live scenarios, each round every scenario once."""
+    for run in range(args.runs):
+        if "lateness" in live:
+            outcome = scenarios.lateness(system, run, args.timers, args.spread, patience)
+            column.add("lateness", outcome)
+        if "burst" in live:
+            column.add("burst", scenarios.burst(system, run, args.burst, patience))
+        if "immediate" in live:
+            outcome = scenarios.immediate(
+                system, run, args.immediate, args.immediate_rate, patience
+            )
+            column.add("immediate", outcome)
+        print(f"{system.name}: run {run + 1} of {args.runs} done", flush=True)
 
 
 def render(columns: list[Column], args: argparse.Namespace) -> None:
@@ -183,7 +216,9 @@ def render(columns: list[Column], args: argparse.Namespace) -> None:
     body = [[label] + [cell(c, name, fmt) for c in columns] for label, name, fmt in rows]
     body.append(["errors"] + [errors(c) for c in columns])
     table(
-        f"Side by side, 2 workers each, median of {args.runs} run(s) ({machine()})",
+        f"Side by side, 2 workers each, median of {args.runs} run(s)"
+        + (f", {args.hog} CPU hogs running" if args.hog else "")
+        + f" ({machine()})",
         ["scenario"] + [c.system.name for c in columns],
         body,
     )
@@ -204,6 +239,12 @@ def main() -> None:
     parser.add_argument("--commit-ops", type=int, default=300)
     parser.add_argument("--immediate", type=int, default=200, help="immediate tasks per run")
     parser.add_argument("--immediate-rate", type=float, default=20.0, help="their rate per second")
+    parser.add_argument(
+        "--hog",
+        type=int,
+        default=0,
+        help="CPU hogs (busy processes) running through every system's measured rounds",
+    )
     parser.add_argument(
         "--scenarios",
         nargs="+",
