@@ -19,16 +19,37 @@ The same holds for the statements built by hand: the alarm transaction's reads
 ``RETURNING`` row becomes a ``Submission`` through :class:`Columns` (a ``RawQuerySet`` cost
 0.26 ms more a claim).
 
+Note [Timestamps read by psycopg's own loader]
+    With ``USE_TZ`` and no database ``TIME_ZONE``, Django's PostgreSQL backend (psycopg 3)
+    registers on every connection a ``timestamptz`` loader of its own: psycopg's pure-Python
+    loader, whose aware result it then gives Django's UTC. psycopg's default loader (its C
+    implementation where psycopg's binary or C package is installed) already returns an aware
+    datetime in the session's time zone, which Django sets to UTC on each connection: the same
+    value with the same ``tzinfo`` (``datetime.UTC``). Parsing every timestamp in Python was
+    the largest single item of a burst pass's client time (about a tenth, py-spy;
+    docs/benchmarks.md). So :func:`reading` gives the compiled reads, the alarm transaction's
+    reads (``durable_agent/maintenance/store/rows.py``) and the claim of a thread's head
+    (``durable_agent/agents/leases.py``) a cursor with psycopg's default loader registered on
+    the cursor (as
+    Django itself registers a loader on a cursor whose time zone differs from the
+    connection's), exactly where Django's would give the same value: PostgreSQL through
+    psycopg 3, ``connection.timezone`` Django's UTC and the session's ``TimeZone`` UTC.
+    Anywhere else the cursor is Django's own. tests/test_compiled.py compares the values and
+    their ``tzinfo`` with the ORM's.
+
 Django internals relied on: ``Query.get_compiler``, ``SQLCompiler.as_sql`` / ``select`` /
 ``col_count`` / ``get_converters``, ``Field.get_col`` and ``Col.get_db_converters``,
-``connection.ops.get_db_converters``, ``Model.from_db``, and the converters' ``(value,
-expression, connection)`` signature. tests/test_compiled.py runs every read built here
+``connection.ops.get_db_converters``, ``Model.from_db``, the converters' ``(value,
+expression, connection)`` signature, ``connection.timezone`` and the wrapped cursor's psycopg
+``adapters`` (:func:`reading`). tests/test_compiled.py runs every read built here
 against the ORM's own answer, and tests/maintenance/store/test_rows.py every row read back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import datetime
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +115,37 @@ class Columns:
 _columns: dict[tuple[str, str, type[Model]], Columns] = {}
 
 
+@contextmanager
+def reading(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """``connection.cursor()``, reading ``timestamptz`` columns with psycopg's own loader
+    where that gives what Django's does (Note [Timestamps read by psycopg's own loader])."""
+    with connection.cursor() as cursor:
+        loader = _psycopg_timestamptz(connection, cursor.cursor)
+        if loader is not None:
+            cursor.cursor.adapters.register_loader("timestamptz", loader)
+        yield cursor
+
+
+_default_loader: list[Any] = []  # psycopg's default timestamptz text loader, once looked up
+
+
+def _psycopg_timestamptz(connection: BaseDatabaseWrapper, raw: Any) -> Any:
+    if connection.vendor != "postgresql" or not hasattr(raw, "adapters"):
+        return None  # another database, or psycopg 2
+    if connection.timezone is not datetime.UTC:
+        return None  # USE_TZ off (naive values) or a database TIME_ZONE
+    tz = raw.connection.info.parameter_status("TimeZone")
+    if tz not in ("UTC", "Etc/UTC"):
+        return None
+    if not _default_loader:
+        import psycopg
+        from psycopg.pq import Format
+
+        oid = psycopg.postgres.types["timestamptz"].oid
+        _default_loader.append(psycopg.adapters.get_loader(oid, Format.TEXT))
+    return _default_loader[0]
+
+
 @dataclass(frozen=True)
 class _Plan:
     sql: str
@@ -137,7 +189,7 @@ class CompiledRead:
         for slot in plan.slots:
             params[slot] = key
         connection = connections[alias]
-        with connection.cursor() as cursor:
+        with reading(connection) as cursor:
             cursor.execute(plan.sql, params)
             rows = cursor.fetchall()
         if not plan.converters:

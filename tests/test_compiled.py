@@ -13,7 +13,7 @@ from durable_agent import compiled
 from durable_agent.agents import runtime as reference_runtime
 from durable_agent.agents.runtime import ReferenceRuntime
 from durable_agent.compiled import CompiledRead
-from durable_agent.models import MaintenanceState, Submission, SubmissionState
+from durable_agent.models import DueLane, MaintenanceState, Submission, SubmissionState
 from tests.factories import T0, HostFactory, SubmissionFactory, ThreadFactory
 
 pytestmark = pytest.mark.django_db
@@ -134,3 +134,72 @@ def test_a_pass_statement_run_often_is_prepared_on_postgresql() -> None:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [row[0] for row in cursor.fetchall()]
     assert any("durable_agent_submission" in statement for statement in prepared), prepared
+
+
+#: A retry recorded on a state row (all four fields or none): a timestamp that is not NULL.
+RETRY = {
+    "retry_generation": 1,
+    "retry_not_before": T0,
+    "retry_native_only": False,
+    "retry_stalls": 1,
+}
+
+
+def test_reading_gives_the_orms_datetimes_with_the_same_tzinfo() -> None:
+    # Note [Timestamps read by psycopg's own loader]: the values and their tzinfo, NULLs too.
+
+    from durable_agent.maintenance.store.rows import lock_state_row
+
+    hosts = _ledger()
+    read = CompiledRead(Submission, _payloads)
+    for host in hosts:
+        ours = [row[2:4] for row in read.rows(host)]
+        orms = [row[2:4] for row in _payloads(host)]
+        assert ours == orms
+        assert [[v and v.tzinfo for v in row] for row in ours] == [
+            [v and v.tzinfo for v in row] for row in orms
+        ]
+        MaintenanceState.objects.filter(host_id=host).update(**RETRY)
+        state = lock_state_row(host)
+        orm = MaintenanceState.objects.get(host_id=host)
+        assert state is not None
+        for name in ("retry_not_before", "updated_at", "pass_lease_expires_at"):
+            assert getattr(state, name) == getattr(orm, name), name
+            assert repr(getattr(state, name)) == repr(getattr(orm, name)), name
+    assert any(row[1] for host in hosts for row in read.rows(host))  # a NULL and a value seen
+
+
+@pytest.mark.postgres
+def test_reading_parses_timestamps_without_djangos_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Django's loader (pure Python, then given Django's UTC) is not called for the reads of
+    # this module and the alarm transaction; a cursor of Django's own still calls it.
+    from django.db import connection
+    from django.db.backends.postgresql import psycopg_any
+
+    from durable_agent.maintenance.store.rows import load_lanes_and_tickets, lock_state_row
+
+    calls: list[bytes] = []
+    original = psycopg_any.BaseTzLoader.load
+
+    def counted(self: Any, data: Any) -> Any:
+        calls.append(bytes(data))
+        return original(self, data)
+
+    monkeypatch.setattr(psycopg_any.BaseTzLoader, "load", counted)
+    first = _ledger()[0]
+    MaintenanceState.objects.filter(host_id=first).update(**RETRY)
+    DueLane.objects.create(host_id=first, lane="x", due_at=T0, not_before=T0)
+    calls.clear()
+    assert CompiledRead(Submission, _payloads).rows(first)
+    state = lock_state_row(first)
+    assert state is not None
+    assert state.retry_not_before == T0
+    read = load_lanes_and_tickets(first)
+    assert [(lane.due_at, lane.not_before) for lane in read.lanes] == [(T0, T0)]
+    assert read.host is not None
+    assert read.host.created_at is not None
+    assert calls == []
+    with connection.cursor() as cursor:  # the count can see a call
+        cursor.execute("SELECT now()")
+        cursor.fetchone()
+    assert len(calls) == 1

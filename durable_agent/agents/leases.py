@@ -25,7 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
 from durable_agent import clock, conf
-from durable_agent.compiled import Columns
+from durable_agent.compiled import Columns, reading
 from durable_agent.models import Submission, SubmissionState, Thread
 from durable_agent.renewals import renewing
 
@@ -123,7 +123,7 @@ def claim_head(
     ]
     for binding in bindings:
         params.extend(binding)
-    with connection.cursor() as cursor:
+    with reading(connection) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:

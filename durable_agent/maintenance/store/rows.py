@@ -48,7 +48,7 @@ from django.db.models import Model
 from django_q.models import Schedule
 
 from durable_agent import conf
-from durable_agent.compiled import Columns
+from durable_agent.compiled import Columns, reading
 from durable_agent.maintenance.types import Checkpoint, Lane
 from durable_agent.models import (
     BindingRetry,
@@ -136,7 +136,7 @@ def lock_state_row(host_id: int) -> MaintenanceState | None:
     """``SELECT ... FOR UPDATE`` the host's state row; None when it does not exist yet."""
     connection = connections[router.db_for_write(MaintenanceState)]
     reads = _reads(connection)
-    with connection.cursor() as cursor:
+    with reading(connection) as cursor:
         cursor.execute(reads.lock_state_sql, [host_id])
         row = cursor.fetchone()
     if row is None:
@@ -205,7 +205,7 @@ def load_lanes_and_tickets(host_id: int) -> LanesRead:
     """
     connection = connections[router.db_for_write(DueLane)]
     reads = _reads(connection)
-    with connection.cursor() as cursor:
+    with reading(connection) as cursor:
         cursor.execute(reads.load_sql, [host_id] * 4 if reads.with_tickets else [host_id])
         rows = cursor.fetchall()
     if not rows:
