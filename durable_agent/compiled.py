@@ -30,12 +30,11 @@ Note [Timestamps read by psycopg's own loader]
     docs/benchmarks.md). So :func:`reading` gives the compiled reads, the alarm transaction's
     reads (``durable_agent/maintenance/store/rows.py``) and the claim of a thread's head
     (``durable_agent/agents/leases.py``) a cursor with psycopg's default loader registered on
-    the cursor (as
-    Django itself registers a loader on a cursor whose time zone differs from the
-    connection's), exactly where Django's would give the same value: PostgreSQL through
+    the cursor (as Django itself registers a loader on a cursor whose time zone differs from
+    the connection's), exactly where Django's would give the same value: PostgreSQL through
     psycopg 3, ``connection.timezone`` Django's UTC and the session's ``TimeZone`` UTC.
     Anywhere else the cursor is Django's own. tests/test_compiled.py compares the values and
-    their ``tzinfo`` with the ORM's.
+    their ``tzinfo`` with the ORM's, and checks that Django's loader is not called.
 
 Django internals relied on: ``Query.get_compiler``, ``SQLCompiler.as_sql`` / ``select`` /
 ``col_count`` / ``get_converters``, ``Field.get_col`` and ``Col.get_db_converters``,
