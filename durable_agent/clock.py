@@ -23,6 +23,8 @@ def now() -> datetime:
     """Return the current time as an aware UTC datetime."""
     source = _clock_override or conf.clock_callable()
     value = source() if source is not None else timezone.now()
+    if value.tzinfo is UTC:  # the wall clock's own (timezone.now()): nothing to convert
+        return value
     if timezone.is_naive(value):
         raise ValueError("The configured CLOCK returned a naive datetime")
     return value.astimezone(UTC)

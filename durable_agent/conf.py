@@ -280,8 +280,9 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 
 
 def _raw() -> dict[str, Any]:
-    value = getattr(settings, "DURABLE_AGENT", None) or {}
-    return dict(value) if isinstance(value, dict) else {}
+    """The ``DURABLE_AGENT`` setting as given (read, never written: no copy per lookup)."""
+    value = getattr(settings, "DURABLE_AGENT", None)
+    return value if isinstance(value, dict) else {}
 
 
 def get_default(name: str) -> Any:
