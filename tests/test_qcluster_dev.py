@@ -93,7 +93,10 @@ def dev_cluster(root: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
         if left:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            pytest.fail("qcluster_dev left processes running 60 s after SIGTERM:\n" + left)
+            pytest.fail(
+                f"qcluster_dev left processes running 60 s after SIGTERM:\n{left}\n"
+                f"its output ended:\n{log.read_text()[-6000:]}"
+            )
 
 
 def living(process: subprocess.Popen[bytes]) -> str:
@@ -145,3 +148,41 @@ def test_qcluster_dev__a_changed_agent_runs_after_the_automatic_restart(
             assert log.read_text().count("qcluster_dev: started qcluster") == 2
     finally:
         registry.restore(saved)
+
+
+class SignalledCluster:
+    """A stand-in for django-q2's ``Cluster``: its start() and its stop handler each raise
+    more signals in this process, as the leader receives them in a burst."""
+
+    def __init__(self) -> None:
+        self.stops: list[int] = []
+        self.sentinel = None
+
+    def start(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def sig_handler(self, signum: int, frame: object) -> None:
+        self.stops.append(signum)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered inside this handler, as the second
+        os.kill(os.getpid(), signal.SIGINT)  # parent-death signal and a Ctrl-C would be
+
+
+def test_qcluster_dev__the_leader_stops_once_however_many_signals_arrive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [One stop per leader] in ``durable_agent/management/commands/qcluster_dev.py``."""
+    import django_q.cluster
+
+    from durable_agent.management.commands import qcluster_dev
+
+    made: list[SignalledCluster] = []
+    monkeypatch.setattr(
+        django_q.cluster, "Cluster", lambda: made.append(SignalledCluster()) or made[-1]
+    )
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        qcluster_dev.run_leader()
+    finally:
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])
+    assert [cluster.stops for cluster in made] == [[signal.SIGTERM]]
