@@ -25,6 +25,29 @@ Note [Prompt start]
     several clusters runs it. When a prompt pass takes the lease, its begin moves the slot as
     any begin does, so the backstop does not fire behind it; when the hint is lost (a crash
     after the commit, the listener down, a cluster restarting) the slot fires at its time.
+
+Note [Begin does not wait for the flush]
+    A commit on PostgreSQL waits until its WAL is flushed to disk (about a millisecond here):
+    a pass that ran a fresh submission waited for two such flushes before the agent's first
+    line, its begin's and its head's claim, and a lane wave one before its handler. A begin
+    that took the lease commits with ``synchronous_commit`` off (``AlarmTx.commit_unflushed``
+    in ``store/transactions.py``): its commit is visible to every other transaction at once,
+    as any commit is, and it reaches the disk with the next flush. PostgreSQL flushes the WAL
+    in order, so every later commit that waits for its flush makes begin's durable too: the
+    head's claim before the agent runs (its attempt must be counted), the agent's or the
+    handler's own writes, the settlement, the finish. Only a server crash (or a failover)
+    can lose begin's commit, within the WAL writer's delay (``wal_writer_delay``, 200 ms by
+    default) and only when nothing that waited for its flush committed after it. The
+    database then holds the state before begin, which was committed and keeps the invariant
+    (the slot armed, the generation unacknowledged). What ran on begin's word alone is a
+    lane handler that the crash stopped, or one that ended before it with no write of its
+    own; a handler stopped by a crash runs again whether or not its claim survived (lanes
+    run at least once). What such a loss forgets is the lane's claim, its no-progress count
+    and backoff floor, which the next pass writes again. Nothing else commits unflushed: the
+    gate's commit, the claim, the settlement and every acknowledgement wait for the disk.
+    Inside a caller's ``transaction.atomic`` the setting would outlive the alarm transaction
+    into the caller's, so there begin commits as any transaction does; so it does on any
+    other database.
 """
 
 from __future__ import annotations
@@ -258,6 +281,7 @@ def begin(p: Pass) -> None:
         p.lease = taken = take(tx, now, fired_for=fired_for, prompt=p.prompt)
         if not isinstance(taken, Lease):
             return
+        tx.commit_unflushed()  # Note [Begin does not wait for the flush]
         active, p.producing = tx.producing_lanes(now)
         read_current_state(tx, p.runtime)
         register_framework_lanes(tx, now)

@@ -364,8 +364,17 @@ class _Pending(threading.local):
 _pending = _Pending()
 
 
+class Batch:
+    """What :func:`writes_together` yields: set ``unflushed`` before the block ends to have
+    its statement also turn ``synchronous_commit`` off for the rest of the transaction
+    (Note [Begin does not wait for the flush] in ``passes/run.py``; ignored elsewhere
+    than on PostgreSQL, and when the block wrote nothing)."""
+
+    unflushed = False
+
+
 @contextmanager
-def writes_together(alias: str) -> Iterator[None]:
+def writes_together(alias: str) -> Iterator[Batch]:
     """Run the :func:`update_where` and :func:`insert_row` writes of the block as one
     statement at its end, on PostgreSQL (elsewhere each runs at once). A block inside
     another (an alarm transaction inside an alarm transaction) sends its own writes at its
@@ -390,14 +399,15 @@ def writes_together(alias: str) -> Iterator[None]:
         pending writes with the transaction they belonged to.
     """
     connection = connections[alias]
+    batch = Batch()
     if connection.vendor != "postgresql":
-        yield
+        yield batch
         return
     outer = _pending.writes.get(alias)  # a block inside another: its own writes, at its end
     writes: list[tuple[str, str, list[Any], Then | None]] = []
     _pending.writes[alias] = writes
     try:
-        yield
+        yield batch
     finally:
         if outer is None:
             del _pending.writes[alias]
@@ -407,10 +417,12 @@ def writes_together(alias: str) -> Iterator[None]:
         return
     parts = ", ".join(f"w{i} AS ({write[0]})" for i, write in enumerate(writes))
     answer = ", ".join(f"(SELECT {write[1]} FROM w{i})" for i, write in enumerate(writes))
+    if batch.unflushed:
+        answer += ", set_config('synchronous_commit', 'off', true)"
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {parts} SELECT {answer}", [p for write in writes for p in write[2]])
         row = cursor.fetchone()
-    for (_, _, _, then), value in zip(writes, row, strict=True):
+    for (_, _, _, then), value in zip(writes, row[: len(writes)], strict=True):
         if then is not None:
             then(int(value))
 

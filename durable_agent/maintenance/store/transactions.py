@@ -104,10 +104,18 @@ class AlarmTx:
         self.state = state
         self.queue = queue
         self.checkpoint = checkpoint
+        self.unflushed = False
 
     @property
     def host(self) -> Host:
         return self.state.host
+
+    def commit_unflushed(self) -> None:
+        """Commit this transaction without waiting for its WAL flush (Note [Begin does not
+        wait for the flush] in ``passes/run.py``): only where the transaction is the outermost
+        one, on PostgreSQL, and only for a transaction whose every later effect that matters
+        waits for a flush of its own."""
+        self.unflushed = True
 
     # -- live mutation tickets -------------------------------------------------------------
 
@@ -349,12 +357,13 @@ def run_alarm_transaction(
             checkpoint = slot_checkpoint(state.host.alarm, clock.now())
             before = _state_values(state)
             tx = AlarmTx(host_id, operation, state, queue, checkpoint)
-            with _entered(tx), writes_together(router.db_for_write(MaintenanceState)):
+            with _entered(tx), writes_together(router.db_for_write(MaintenanceState)) as batch:
                 result = fn(tx)
                 tx.keep_armed()
                 _flush_state(state, before, operation)
                 queue.flush()
                 apply_checkpoint(state.host, checkpoint)
+                batch.unflushed = tx.unflushed and outermost
             committing = outermost
         return result
     except DurableAgentError:

@@ -1,0 +1,90 @@
+"""Begin commits without waiting for the WAL flush, and nothing else does (Note [Begin does not
+wait for the flush] in ``durable_agent/maintenance/passes/run.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from durable_agent import lanes
+from durable_agent.maintenance import gate, run_pass
+from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
+from durable_agent.models import Host
+from durable_agent.testing import FakeClock
+
+# Committed transactions: the setting's scope is the transaction, which a test case's own
+# transaction would stretch over the whole test.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UNFLUSHED = "set_config('synchronous_commit', 'off', true)"
+
+
+def _synchronous_commit() -> str | None:
+    """The connection's ``synchronous_commit`` now (None on a database without it)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('synchronous_commit')")
+        value: str = cursor.fetchone()[0]
+    return value
+
+
+def test_begin__commits_unflushed_and_the_handler_runs_with_every_later_commit_flushed(
+    clock: FakeClock,
+) -> None:
+    host = Host.objects.create(key="unflushed")
+    seen: list[str | None] = []
+    lanes.register("outbox", lambda ctx: seen.append(_synchronous_commit()))
+    run_pass(host)  # the first pass stores the registry key
+    gate.schedule(host, "outbox", clock.now())
+    with CaptureQueriesContext(connection) as queries:
+        report = run_pass(host)
+    assert report.phase == "caught-up"
+    sql = [q["sql"] for q in queries.captured_queries]
+    unflushed = [q for q in sql if UNFLUSHED in q]
+    if connection.vendor == "postgresql":
+        # One statement, begin's writes: the lease, the lane's claim, the slot.
+        assert len(unflushed) == 1, "\n".join(sql)
+        assert '"pass_lease_owner"' in unflushed[0]
+        assert 'UPDATE "durable_agent_duelane"' in unflushed[0]
+        # The handler, the finish and whatever follows wait for their flush again.
+        assert seen == ["on"]
+        assert _synchronous_commit() == "on"
+    else:
+        assert (unflushed, seen) == ([], [None])
+
+
+def test_begin__a_pass_that_finds_nothing_due_sends_no_setting(clock: FakeClock) -> None:
+    host = Host.objects.create(key="prompt")
+    run_pass(host)
+    with CaptureQueriesContext(connection) as queries:
+        report = run_pass(host, prompt=True)
+    assert report.phase == "stale"
+    assert not [q for q in queries.captured_queries if UNFLUSHED in q["sql"]]
+
+
+def _unflushed_write(tx: AlarmTx) -> None:
+    tx.state.dirty += 1
+    tx.commit_unflushed()
+
+
+def test_run_alarm_transaction__unflushed_only_as_the_outermost_transaction(
+    clock: FakeClock,
+) -> None:
+    host = Host.objects.create(key="nested")
+    run_alarm_transaction(host, "create the state", lambda tx: None)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as nested:
+            run_alarm_transaction(host, "inside the caller's transaction", _unflushed_write)
+        # The caller's transaction keeps its own setting: it commits flushed.
+        assert _synchronous_commit() in ("on", None)
+    assert not [q for q in nested.captured_queries if UNFLUSHED in q["sql"]]
+    with CaptureQueriesContext(connection) as outermost:
+        run_alarm_transaction(host, "on its own", _unflushed_write)
+    sent = [q for q in outermost.captured_queries if UNFLUSHED in q["sql"]]
+    assert len(sent) == (1 if connection.vendor == "postgresql" else 0)
+    assert _synchronous_commit() in ("on", None)  # the setting ended with its transaction
+    from durable_agent.models import MaintenanceState
+
+    assert MaintenanceState.objects.get(host=host).dirty == 3  # 1, then one per write
