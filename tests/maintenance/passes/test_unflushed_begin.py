@@ -1,5 +1,5 @@
-"""Begin commits without waiting for the WAL flush, and nothing else does (Note [Begin does not
-wait for the flush] in ``durable_agent/maintenance/passes/run.py``)."""
+"""Begin commits without waiting for the WAL flush, and nothing else in the pass does (Note
+[Begin does not wait for the flush] in ``durable_agent/maintenance/passes/run.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from durable_agent import lanes
 from durable_agent.maintenance import gate, run_pass
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
-from durable_agent.models import Host
+from durable_agent.models import Host, MaintenanceState
 from durable_agent.testing import FakeClock
 
 # Committed transactions: the setting's scope is the transaction, which a test case's own
@@ -85,6 +85,4 @@ def test_run_alarm_transaction__unflushed_only_as_the_outermost_transaction(
     sent = [q for q in outermost.captured_queries if UNFLUSHED in q["sql"]]
     assert len(sent) == (1 if connection.vendor == "postgresql" else 0)
     assert _synchronous_commit() in ("on", None)  # the setting ended with its transaction
-    from durable_agent.models import MaintenanceState
-
     assert MaintenanceState.objects.get(host=host).dirty == 3  # 1, then one per write
