@@ -128,6 +128,30 @@ def _slot_args(slot: Schedule) -> tuple[Any, ...]:
     return args if type(args) is tuple else (args,)
 
 
+def disarm_fired(alias: str, slots: list[Schedule]) -> None:
+    """Write each fired slot's ``task`` and ``repeats`` = 0 in one statement.
+
+    One ``UPDATE`` with a ``CASE`` over the ids, written out: ``bulk_update`` builds the
+    same statement from one expression per slot, which cost the pusher more than the
+    firing's other work together (a third of its CPU in a burst, docs/benchmarks.md)."""
+    if not slots:
+        return
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    pk, task = quote(Schedule._meta.pk.column), quote(Schedule._meta.get_field("task").column)
+    repeats = quote(Schedule._meta.get_field("repeats").column)
+    whens = " ".join(["WHEN %s THEN %s"] * len(slots))
+    ids = ", ".join(["%s"] * len(slots))
+    sql = (
+        f"UPDATE {quote(Schedule._meta.db_table)} SET {repeats} = 0, "
+        f"{task} = CASE {pk} {whens} END WHERE {pk} IN ({ids})"
+    )
+    params: list[Any] = [value for slot in slots for value in (slot.pk, slot.task)]
+    params += [slot.pk for slot in slots]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
 def fire_ahead_lead() -> timedelta:
     """``FIRE_AHEAD_MS`` as a timedelta (zero: fire at the deadline)."""
     return timedelta(milliseconds=int(conf.get("FIRE_AHEAD_MS")))
@@ -559,8 +583,7 @@ class AlarmFiring:
                     for _, slot in group:
                         slot.task, slot.repeats = task, 0
                 self.flush_batch(alias)
-                if slots:
-                    Schedule.objects.using(alias).bulk_update(slots, ["task", "repeats"])
+                disarm_fired(alias, slots)
         finally:
             self._batch = None
             self._enqueue_label = None

@@ -382,8 +382,6 @@ def test_dequeue__a_rolled_back_firing_hands_over_nothing(
 def test_dequeue__a_rolled_back_batch_firing_fires_nothing(
     db: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from django.db.models import QuerySet
-
     hosts = [Host.objects.create(key=f"rollback-{i}") for i in range(2)]
     deadline = timezone.now() - timedelta(seconds=1)
     for host in hosts:
@@ -391,10 +389,10 @@ def test_dequeue__a_rolled_back_batch_firing_fires_nothing(
         gate.schedule(host, LIFECYCLE, timezone.now())
     Schedule.objects.update(next_run=deadline)
 
-    def fail(self: QuerySet[Schedule], *args: object, **kwargs: object) -> int:
+    def fail(alias: str, slots: list[Schedule]) -> None:
         raise RuntimeError("the batch's slot update fails after its tasks were inserted")
 
-    monkeypatch.setattr(QuerySet, "bulk_update", fail)
+    monkeypatch.setattr("durable_agent.broker.disarm_fired", fail)
     broker = AlarmBroker()
     broker.listen = False
     broker._next_sweep = float("inf")
