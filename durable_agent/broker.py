@@ -129,27 +129,27 @@ def _slot_args(slot: Schedule) -> tuple[Any, ...]:
 
 
 def disarm_fired(alias: str, slots: list[Schedule]) -> None:
-    """Write each fired slot's ``task`` and ``repeats`` = 0 in one statement.
-
-    One ``UPDATE`` with a ``CASE`` over the ids, written out: ``bulk_update`` builds the
-    same statement from one expression per slot, which cost the pusher more than the
-    firing's other work together (a third of its CPU in a burst, docs/benchmarks.md)."""
-    if not slots:
-        return
+    """Write each fired slot's ``task`` and ``repeats`` = 0: one ``UPDATE`` with a ``CASE``
+    over the ids, written out (``bulk_update`` builds the same statement from one expression
+    per slot, which took more than half of the pusher's CPU in a burst, docs/benchmarks.md).
+    As ``bulk_update`` does, a database with a limit on a statement's parameters (SQLite)
+    gets as many statements as the limit needs; PostgreSQL gets one."""
     connection = connections[alias]
     quote = connection.ops.quote_name
     pk, task = quote(Schedule._meta.pk.column), quote(Schedule._meta.get_field("task").column)
     repeats = quote(Schedule._meta.get_field("repeats").column)
-    whens = " ".join(["WHEN %s THEN %s"] * len(slots))
-    ids = ", ".join(["%s"] * len(slots))
-    sql = (
-        f"UPDATE {quote(Schedule._meta.db_table)} SET {repeats} = 0, "
-        f"{task} = CASE {pk} {whens} END WHERE {pk} IN ({ids})"
-    )
-    params: list[Any] = [value for slot in slots for value in (slot.pk, slot.task)]
-    params += [slot.pk for slot in slots]
+    size = max(1, connection.ops.bulk_batch_size(["pk", "task", "pk"], slots))
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        for start in range(0, len(slots), size):
+            chunk = slots[start : start + size]
+            whens = " ".join(["WHEN %s THEN %s"] * len(chunk))
+            ids = ", ".join(["%s"] * len(chunk))
+            params: list[Any] = [value for slot in chunk for value in (slot.pk, slot.task)]
+            cursor.execute(
+                f"UPDATE {quote(Schedule._meta.db_table)} SET {repeats} = 0, "
+                f"{task} = CASE {pk} {whens} END WHERE {pk} IN ({ids})",
+                params + [slot.pk for slot in chunk],
+            )
 
 
 def fire_ahead_lead() -> timedelta:

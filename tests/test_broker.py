@@ -346,6 +346,34 @@ def test_dequeue__slots_due_together_fire_as_tasks_of_several_hosts_dealt_to_the
     assert OrmQ.objects.count() == 2
 
 
+def test_dequeue__a_parameter_limit_splits_the_slots_update_and_disarms_every_slot(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that limits a statement's parameters (SQLite) gets the fired slots written
+    in as many statements as the limit needs, each slot with its own task's id."""
+    from django.test.utils import CaptureQueriesContext
+    from django_q.signing import SignedPackage
+
+    hosts = [Host.objects.create(key=f"limited-{i}") for i in range(5)]
+    for host in hosts:
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, timezone.now())
+    Schedule.objects.update(next_run=timezone.now() - timedelta(seconds=1))
+    monkeypatch.setattr(connection.ops, "bulk_batch_size", lambda fields, objs: 2)
+    broker = AlarmBroker()
+    broker.listen = False
+    broker._next_sweep = float("inf")
+    with CaptureQueriesContext(connection) as queries:
+        kept = broker.dequeue()
+    updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "django_q_schedule"')]
+    assert len(updates) == 3  # 2 + 2 + 1 slots
+    assert not Schedule.objects.exclude(repeats=0).exists()
+    tasks = {t["id"]: t for t in (SignedPackage.loads(payload) for _, payload in kept)}
+    for host in hosts:
+        slot = Schedule.objects.get(pk=Host.objects.get(pk=host.pk).alarm_id)
+        assert host.pk in [h for h, _ in tasks[slot.task]["args"][0]]
+
+
 def test_hosts_per_task__one_for_an_alarm_task_of_ones_own() -> None:
     from durable_agent.broker import hosts_per_task
 
