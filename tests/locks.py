@@ -193,14 +193,6 @@ def _record(db: Any, sql: Any, params: Any) -> None:
                     )
                 elif last is not None and host > last:
                     held.clear()  # the next host of a frame that carries several, in id order
-                elif last == host and STATE_TABLE in held:
-                    # The same host's state row again: a row already held is not locked
-                    # anew. The one such statement not on a held row is a first use's, whose
-                    # first lock found no row (Note [The lock and the lanes in one round
-                    # trip]): its lanes' read ran before it and locked nothing, since a host
-                    # has no lanes before its state row.
-                    del held[len(held) - held[::-1].index(STATE_TABLE) :]
-                    continue
                 _state.host[key] = host
             _state.violations.extend(check(statement, held))
             locked = locked_tables(statement)

@@ -139,91 +139,11 @@ def lock_state_row(host_id: int) -> MaintenanceState | None:
     with reading(connection) as cursor:
         cursor.execute(reads.lock_state_sql, [host_id])
         row = cursor.fetchone()
-    return _state(reads, row, connection)
-
-
-def _state(reads: _Reads, row: Any, connection: BaseDatabaseWrapper) -> MaintenanceState | None:
     if row is None:
         return None
     state = reads.state.instance(row, connection)
     assert isinstance(state, MaintenanceState)
     return state
-
-
-def lock_and_load(host_id: int) -> tuple[MaintenanceState | None, LanesRead | None]:
-    """:func:`lock_state_row`, then (when the state row exists) :func:`load_lanes_and_tickets`;
-    on PostgreSQL both in one round trip.
-
-    Note [The lock and the lanes in one round trip]
-        Every alarm transaction opened with three round trips before its callback ran: psycopg's
-        ``BEGIN`` (sent on its own before a transaction's first statement), the state row's lock and
-        the lanes' read. On PostgreSQL they go in one: the ``BEGIN`` and the two statements are
-        queued in psycopg's pipeline mode and sent with one sync. The server still runs them one
-        after the other, each with its own snapshot, so the lanes' read starts after the lock is
-        granted, as Note [Read the slot after the lock] in ``transactions.py`` requires. psycopg
-        itself would sync its ``BEGIN`` apart, so where the transaction has not begun yet this sends
-        the connection's own ``BEGIN`` statement (``_get_tx_start_command``: the isolation level and
-        access mode Django configured) with psycopg's autocommit flag raised for the pipeline alone
-        (``_autocommit``). Both are psycopg internals (the tests run the version pinned in
-        requirements/base.txt); where either is missing the ``BEGIN`` goes apart, and where there is
-        no pipeline mode (psycopg 2, a libpq older than 14) the statements go one by one, as before.
-        Inside an open transaction (a savepoint) there is no ``BEGIN`` to send. A state row that
-        does not exist yet locks nothing, and neither does the lanes' read then (a host has no lanes
-        before its state row: only an alarm transaction creates lanes, after its lock); the caller
-        creates the row, then locks and reads again in order. An error in any statement is raised
-        when the pipeline syncs, through Django's error wrapper, and the transaction rolls back as
-        before. tests/maintenance/store/test_lock_and_load.py counts the round trips in libpq's
-        protocol trace and checks the read's order against a transaction holding the lock.
-    """
-    connection = connections[router.db_for_write(MaintenanceState)]
-    reads = _reads(connection)
-    if not _pipelines(connection):
-        state = lock_state_row(host_id)
-        return state, (None if state is None else load_lanes_and_tickets(host_id))
-    with reading(connection) as lock, reading(connection) as load:
-        raw = lock.cursor.connection
-        begin = _begins_here(raw)
-        with connection.wrap_database_errors:
-            if begin:
-                raw._autocommit = True  # the BEGIN below is this transaction's
-            try:
-                with raw.pipeline():
-                    if begin:
-                        lock.cursor.execute(raw._get_tx_start_command())
-                    lock.execute(reads.lock_state_sql, [host_id])
-                    load.execute(reads.load_sql, [host_id] * 4 if reads.with_tickets else [host_id])
-            finally:
-                if begin:
-                    raw._autocommit = False
-        state = _state(reads, lock.fetchone(), connection)
-        rows = load.fetchall()
-    return state, (None if state is None else _lanes_read(reads, rows, connection))
-
-
-def _pipelines(connection: BaseDatabaseWrapper) -> bool:
-    """PostgreSQL through psycopg 3 with a libpq that has pipeline mode (14 or later; psycopg's
-    binary package bundles one). Anywhere else the two statements go one by one."""
-    if connection.vendor != "postgresql":
-        return False
-    try:
-        from psycopg import Pipeline
-    except ImportError:  # psycopg 2
-        return False
-    return bool(Pipeline.is_supported())
-
-
-def _begins_here(raw: Any) -> bool:
-    """Whether the transaction's ``BEGIN`` is still to be sent: psycopg sends it before the
-    first statement and, in pipeline mode, syncs it on its own (Note [The lock and the lanes
-    in one round trip])."""
-    from psycopg import pq
-
-    return (
-        not raw.autocommit
-        and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE
-        and hasattr(raw, "_autocommit")
-        and hasattr(raw, "_get_tx_start_command")
-    )
 
 
 _ALARM = Host._meta.get_field("alarm")
@@ -288,10 +208,6 @@ def load_lanes_and_tickets(host_id: int) -> LanesRead:
     with reading(connection) as cursor:
         cursor.execute(reads.load_sql, [host_id] * 4 if reads.with_tickets else [host_id])
         rows = cursor.fetchall()
-    return _lanes_read(reads, rows, connection)
-
-
-def _lanes_read(reads: _Reads, rows: list[Any], connection: BaseDatabaseWrapper) -> LanesRead:
     if not rows:
         return LanesRead([], None, None, None)
     n_lane, n_host = len(reads.lane.attnames), len(reads.host.attnames)

@@ -43,8 +43,6 @@ from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.rows import (
     apply_checkpoint,
-    load_lanes_and_tickets,
-    lock_and_load,
     lock_state_row,
     slot_checkpoint,
     update_where,
@@ -348,13 +346,10 @@ def run_alarm_transaction(
     committing = False
     try:
         with transaction.atomic(savepoint=not (join and not outermost)):
-            state, read = lock_and_load(host_id)  # Note [The lock and the lanes in one round trip]
-            if state is None or read is None:  # a first use: create the row, then in order
-                state = lock_state(host_id)
-                read = load_lanes_and_tickets(host_id)
+            state = lock_state(host_id)
             if state.dirty < 0 or state.processed < 0:
                 raise AlarmError(operation, "Maintenance generations must not be negative")
-            queue, host_row = DueQueue.of(host_id, read)
+            queue, host_row = DueQueue.load(host_id)
             if host_row is None:
                 raise HostNotFound(f"No host with id {host_id}", host=host_id)
             state.host = host_row

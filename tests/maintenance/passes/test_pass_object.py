@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -25,18 +24,13 @@ def test_pass__reads_the_state_row_only_in_its_transactions(
     # by its alarm transactions' locks; outside them only the generation the native step's
     # scan answers for.
     locks: list[int] = []
-    lock_state_row, lock_and_load = transactions.lock_state_row, transactions.lock_and_load
+    lock_state_row = transactions.lock_state_row
 
     def counted(host_id: int) -> MaintenanceState | None:
         locks.append(host_id)
         return lock_state_row(host_id)
 
-    def counted_with_lanes(host_id: int) -> Any:
-        locks.append(host_id)
-        return lock_and_load(host_id)
-
     monkeypatch.setattr(transactions, "lock_state_row", counted)
-    monkeypatch.setattr(transactions, "lock_and_load", counted_with_lanes)
     ran: list[str] = []
     lanes.register("after", lambda ctx: ran.append(ctx.lane), phase="after-native")
     runtime.submit(host, "t1")
