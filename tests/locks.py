@@ -54,6 +54,8 @@ STATE_TABLE = "durable_agent_maintenancestate"
 # order, schedule row last, against a second connection.
 FUNCTION_LOCKS = {
     "durable_agent_commit_intent": (STATE_TABLE, "durable_agent_duelane"),
+    # Note [Lock and read in one call] (durable_agent/maintenance/store/rows.py)
+    "durable_agent_lock_and_read": (STATE_TABLE, "durable_agent_duelane"),
 }
 
 _LOCKING = re.compile(r"\bFOR\s+(?:NO\s+KEY\s+UPDATE|UPDATE|KEY\s+SHARE|SHARE)\b", re.IGNORECASE)
@@ -187,6 +189,12 @@ def _record(db: Any, sql: Any, params: Any) -> None:
         for statement, host in steps:
             if key is not None and host is not None:
                 last = _state.host.get(key)
+                if last == host:
+                    # The same host's state row again: a row the transaction holds, or, after
+                    # a call that found no state row and so locked nothing (Note [Lock and
+                    # read in one call]), its first lock once created. Neither can wait
+                    # behind a later table.
+                    continue
                 if last is not None and host < last:
                     _state.violations.append(
                         Violation(f"locks host {host}'s state row after host {last}'s", sql)

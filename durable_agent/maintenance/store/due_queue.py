@@ -17,6 +17,7 @@ from durable_agent.errors import RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
 from durable_agent.maintenance.store.rows import (
+    LanesRead,
     Stored,
     Tickets,
     load_lanes_and_tickets,
@@ -54,7 +55,12 @@ class DueQueue:
     def load(cls, host_id: int) -> tuple[DueQueue, Host | None]:
         """Read (and on PostgreSQL lock) the host's rows, in lane order, with the host and its
         alarm slot joined in (one statement; see Note [Read the slot after the lock])."""
-        read = load_lanes_and_tickets(host_id)
+        return cls.of_read(host_id, load_lanes_and_tickets(host_id))
+
+    @classmethod
+    def of_read(cls, host_id: int, read: LanesRead) -> tuple[DueQueue, Host | None]:
+        """:meth:`load` from what was read already (Note [Lock and read in one call] in
+        ``rows.py``)."""
         host = read.host
         if host is None:  # no lanes yet (a first use): the host and its slot alone
             host = Host.objects.select_related("alarm").filter(pk=host_id).first()

@@ -28,13 +28,15 @@ The slot row (at the end): read and write a host's django-q ``Schedule`` (docs/c
 Its writes run inside an alarm transaction (``transactions.py`` calls :func:`apply_checkpoint`
 just before it commits); the services on the slot are in ``alarm.py``.
 
-Size: every statement the alarm transaction builds by hand (its reads, its writes sent
-together, the slot row) in one place, which tests/maintenance/store/test_rows.py checks.
+Size: every statement the alarm transaction builds by hand (its reads, their one call on
+PostgreSQL, its writes sent together, the slot row) in one place, which
+tests/maintenance/store/test_rows.py and tests/maintenance/store/test_lock_read.py check.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -210,13 +212,26 @@ def load_lanes_and_tickets(host_id: int) -> LanesRead:
         rows = cursor.fetchall()
     if not rows:
         return LanesRead([], None, None, None)
+    return lanes_read(rows, reads, connection)
+
+
+def lanes_read(
+    rows: Sequence[Sequence[Any]],
+    reads: _Reads,
+    connection: BaseDatabaseWrapper,
+    *,
+    lanes: bool = True,
+) -> LanesRead:
+    """The rows of the lanes' statement (at least one) as a :class:`LanesRead`; ``lanes``
+    False: one row whose lane columns are NULL (Note [Lock and read in one call]),
+    read as the host and its slot alone."""
     n_lane, n_host = len(reads.lane.attnames), len(reads.host.attnames)
-    lanes = []
-    for row in rows:
+    found = []
+    for row in rows if lanes else ():
         values = dict(
             zip(reads.lane.attnames, reads.lane.values(row[:n_lane], connection), strict=True)
         )
-        lanes.append(
+        found.append(
             Lane(
                 lane=values["lane"],
                 revision=values["revision"],
@@ -234,9 +249,9 @@ def load_lanes_and_tickets(host_id: int) -> LanesRead:
     slot_row = first[n_lane + n_host : n_lane + n_host + len(reads.slot.attnames)]
     slot = None if slot_row[0] is None else reads.slot.instance(slot_row, connection)
     _ALARM.set_cached_value(host, slot)
-    if not reads.with_tickets:
-        return LanesRead(lanes, host, None, None)
-    return LanesRead(lanes, host, _tickets(first[-3]), Stored(bool(first[-2]), bool(first[-1])))
+    if not reads.with_tickets or not lanes:
+        return LanesRead(found, host, None, None)
+    return LanesRead(found, host, _tickets(first[-3]), Stored(bool(first[-2]), bool(first[-1])))
 
 
 def _tickets(value: Any) -> Tickets:
@@ -514,3 +529,162 @@ def apply_checkpoint(host: Host, checkpoint: Checkpoint) -> datetime | None:
         schedule.next_run, schedule.repeats, schedule.task = target, 1, None
     checkpoint.current, checkpoint.queued, checkpoint.spent = target, False, False
     return target
+
+
+# -- the lock and the read in one call (PostgreSQL) ----------------------------------------
+
+logger = logging.getLogger("durable_agent.maintenance")
+
+FUNCTION = "durable_agent_lock_and_read"
+CALL = f"SELECT * FROM {FUNCTION}(%s)"
+
+
+@dataclass(frozen=True)
+class _Shape:
+    names: tuple[str, ...]  # the result's column names, in order
+    n_state: int
+
+
+_shapes: dict[tuple[str, str], _Shape] = {}
+_refused: set[tuple[str, str]] = set()
+
+
+def _out_names(connection: BaseDatabaseWrapper) -> list[tuple[str, str]]:
+    """The function's result columns: (name, SQL type), in order."""
+    out: list[tuple[str, str]] = []
+    for prefix, model in (
+        ("state", MaintenanceState),
+        ("lane", DueLane),
+        ("host", Host),
+        ("slot", Schedule),
+    ):
+        for field in model._meta.concrete_fields:
+            kind = str(field.cast_db_type(connection))
+            kind = "varchar" if kind.startswith("varchar") else kind
+            out.append((f"{prefix}__{field.column}", kind))
+    out += [("tickets", "json"), ("faults", "boolean"), ("binding_waits", "boolean")]
+    return out
+
+
+def _shape(connection: BaseDatabaseWrapper) -> _Shape:
+    key = (connection.alias, connection.vendor)
+    found = _shapes.get(key)
+    if found is None:
+        names = tuple(name for name, _ in _out_names(connection))
+        found = _shapes[key] = _Shape(names, len(MaintenanceState._meta.concrete_fields))
+    return found
+
+
+def function_sql(connection: BaseDatabaseWrapper) -> str:
+    """The ``CREATE OR REPLACE FUNCTION`` statement for the models as they are (PostgreSQL)."""
+    reads = _reads(connection)
+    quote = connection.ops.quote_name
+    state_t = quote(MaintenanceState._meta.db_table)
+    state_host = f"{state_t}.{quote('host_id')}"
+    # The lanes' statement with the host's id as the argument, the state row's columns first.
+    lanes_t = quote(DueLane._meta.db_table)
+    load = reads.load_sql.replace("%s", "p_host")
+    select, rest = load.split(f" FROM {lanes_t} ", 1)
+    columns = ", ".join(reads.state.sql) + ", " + select.removeprefix("SELECT ")
+    joined = (
+        f"{state_t} INNER JOIN {lanes_t} ON ({lanes_t}.{quote('host_id')} = {state_host}) {rest}"
+    )
+    # No lanes: the state row with the host and its slot, the lanes' columns NULL.
+    host_t, slot_t = (quote(m._meta.db_table) for m in (Host, Schedule))
+    nulls = ", ".join(
+        f"NULL::{kind}" for name, kind in _out_names(connection) if name.startswith("lane__")
+    )
+    bare = (
+        ", ".join(reads.state.sql)
+        + f", {nulls}, "
+        + ", ".join(reads.host.sql + reads.slot.sql)
+        + ", NULL::json, NULL::boolean, NULL::boolean"
+        + f" FROM {state_t} INNER JOIN {host_t} ON ({host_t}.{quote('id')} = {state_host})"
+        + f" LEFT OUTER JOIN {slot_t} ON ({host_t}.{quote('alarm_id')} = {slot_t}.{quote('id')})"
+        + f" WHERE {state_host} = p_host"
+    )
+    declared = ",\n    ".join(f"{name} {kind}" for name, kind in _out_names(connection))
+    return (
+        f"CREATE OR REPLACE FUNCTION {FUNCTION}(p_host bigint)\n"
+        f"RETURNS TABLE (\n    {declared}\n)\n"
+        "LANGUAGE plpgsql VOLATILE AS $fn$\n"
+        "BEGIN\n"
+        f"    PERFORM 1 FROM {state_t} WHERE {state_host} = p_host FOR UPDATE;\n"
+        "    IF NOT FOUND THEN\n"
+        "        RETURN;\n"
+        "    END IF;\n"
+        f"    RETURN QUERY SELECT {columns} FROM {joined};\n"
+        "    IF NOT FOUND THEN\n"
+        f"        RETURN QUERY SELECT {bare};\n"
+        "    END IF;\n"
+        "END\n"
+        "$fn$;\n"
+    )
+
+
+def usable(connection: BaseDatabaseWrapper) -> bool:
+    """Whether this database runs the function (PostgreSQL, and not refused this process)."""
+    return (
+        connection.vendor == "postgresql" and (connection.alias, connection.vendor) not in _refused
+    )
+
+
+def lock_and_read(host_id: int) -> tuple[MaintenanceState, LanesRead] | None:
+    """Lock the host's state row and read its lanes, host and slot, in one call: the state
+    row and what :func:`load_lanes_and_tickets` reads. None: not here (another database, or a
+    result this process cannot read), or the state row does not exist yet; the caller then
+    runs the two statements.
+
+    Note [Lock and read in one call]
+        Every alarm transaction starts with the same two statements (Note [Reads written once]):
+        lock the host's state row, then read its lanes with the host, its slot and
+        (on PostgreSQL) its tickets and stored records. On PostgreSQL both run inside one call of
+        the server-side function ``durable_agent_lock_and_read`` (migration 0016, its SQL in
+        ``durable_agent/migrations/sql/0016_lock_and_read.sql``): one round trip instead of two,
+        which a burst host pays twice (its begin and its finish) and a prompt start once before
+        the pass's work. The function runs the same two statements in the same order: it locks
+        the state row, then, in a later statement of the function, reads the state row with the
+        lanes (``ORDER BY lane``, ``FOR UPDATE OF`` the lanes), the host and its slot. A VOLATILE
+        PL/pgSQL function takes a fresh snapshot for each statement, so Note [Read the slot after
+        the lock] holds: a transaction that waited for the lock reads what the holder committed
+        (tests/maintenance/store/test_slot_after_lock.py waits for a real lock). Lock order is
+        Note [Lock order]'s; tests/locks.py counts the call as its two locks.
+
+        Its result has the read's columns: the state row's, then the columns of the lanes'
+        statement (:func:`load_lanes_and_tickets`), one row per lane, or one row with the lane's
+        columns NULL when the host has no lanes. No row: the state row does not exist yet (a
+        first use), and the caller creates it as before. The SQL is generated from the models
+        (:func:`function_sql`), so a model change or a django-q version whose ``Schedule``
+        differs shows as a difference from the migration's file
+        (tests/maintenance/store/test_lock_read.py), to be shipped as a new migration. At run
+        time a result whose column names are not the ones expected is not read: the process
+        logs it once and goes back to the two statements.
+
+        Anywhere but PostgreSQL the two statements run as before.
+    """
+    connection = connections[router.db_for_write(MaintenanceState)]
+    if not usable(connection):
+        return None
+    shape = _shape(connection)
+    with reading(connection) as cursor:
+        cursor.execute(CALL, [host_id])
+        names = tuple(column.name for column in cursor.description)
+        rows = cursor.fetchall()
+    if names != shape.names:
+        _refused.add((connection.alias, connection.vendor))
+        logger.error(
+            "%s returned columns other than the models' (a migration not applied, or a "
+            "django-q version whose Schedule differs): this process locks and reads in two "
+            "statements",
+            FUNCTION,
+        )
+        return None
+    if not rows:
+        return None
+    reads = _reads(connection)
+    state = reads.state.instance(rows[0][: shape.n_state], connection)
+    assert isinstance(state, MaintenanceState)
+    rest = [row[shape.n_state :] for row in rows]
+    if rest[0][0] is None:  # no lanes: the host and its slot alone
+        return state, lanes_read(rest, reads, connection, lanes=False)
+    return state, lanes_read(rest, reads, connection)

@@ -43,6 +43,7 @@ from durable_agent.maintenance.lane_ids import NATIVE
 from durable_agent.maintenance.store.due_queue import DueQueue
 from durable_agent.maintenance.store.rows import (
     apply_checkpoint,
+    lock_and_read,
     lock_state_row,
     slot_checkpoint,
     update_where,
@@ -346,10 +347,14 @@ def run_alarm_transaction(
     committing = False
     try:
         with transaction.atomic(savepoint=not (join and not outermost)):
-            state = lock_state(host_id)
+            locked = lock_and_read(host_id)  # Note [Lock and read in one call]
+            state = lock_state(host_id) if locked is None else locked[0]
             if state.dirty < 0 or state.processed < 0:
                 raise AlarmError(operation, "Maintenance generations must not be negative")
-            queue, host_row = DueQueue.load(host_id)
+            if locked is None:
+                queue, host_row = DueQueue.load(host_id)
+            else:
+                queue, host_row = DueQueue.of_read(host_id, locked[1])
             if host_row is None:
                 raise HostNotFound(f"No host with id {host_id}", host=host_id)
             state.host = host_row

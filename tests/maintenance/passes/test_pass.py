@@ -109,9 +109,9 @@ def test_pass__caught_up_path_is_one_transaction_of_at_most_five_statements(
     assert runtime.calls == []
     sql, transactions = statements(queries)
     # Lock the state, read the lanes with the slot, read the tickets, (disarm), record. On
-    # PostgreSQL the tickets come with the lanes and the writes are one statement (Note [The
-    # tickets come with the lanes], Note [One write statement per alarm transaction]).
-    expected = 3 if connection.vendor == "postgresql" else (5 if armed else 4)
+    # PostgreSQL the lock and the reads are one call and the writes one statement (Note [Lock
+    # and read in one call], Note [One write statement per alarm transaction]).
+    expected = 2 if connection.vendor == "postgresql" else (5 if armed else 4)
     assert (transactions, len(sql)) == (1, expected), "\n".join(sql)
     assert sum(1 for q in sql if 'UPDATE "django_q_schedule"' in q) == int(armed)
     assert not any(q.startswith('UPDATE "durable_agent_maintenancestate"') for q in sql)
@@ -131,10 +131,10 @@ def test_pass__one_due_wave_runs_in_two_transactions(
     assert (report.phase, report.alarm) == ("caught-up", "cleared")
     sql, transactions = statements(queries)
     # begin (lock, lanes, tickets, then the lease, the claim and the slot within the lease),
-    # then complete + finish + record; on PostgreSQL the tickets come with the lanes (Note [The
-    # tickets come with the lanes]) and each transaction's writes, the record's insert among
-    # them, are one statement (Note [One write statement per alarm transaction]).
-    expected = 6 if connection.vendor == "postgresql" else 13
+    # then complete + finish + record; on PostgreSQL each transaction's lock and reads are one
+    # call (Note [Lock and read in one call]) and its writes, the record's insert among them,
+    # one statement (Note [One write statement per alarm transaction]).
+    expected = 4 if connection.vendor == "postgresql" else 13
     assert (transactions, len(sql)) == (2, expected), "\n".join(sql)
     assert DueLane.objects.get(host=host, lane="outbox").state == "idle"
     assert alarm.scheduled(host) is None
