@@ -581,14 +581,15 @@ def function_sql(connection: BaseDatabaseWrapper) -> str:
     reads = _reads(connection)
     quote = connection.ops.quote_name
     state_t = quote(MaintenanceState._meta.db_table)
-    state_host = f"{state_t}.{quote('host_id')}"
+    state_host = f"{state_t}.{quote(_column(MaintenanceState, 'host'))}"
     # The lanes' statement with the host's id as the argument, the state row's columns first.
     lanes_t = quote(DueLane._meta.db_table)
     load = reads.load_sql.replace("%s", "p_host")
     select, rest = load.split(f" FROM {lanes_t} ", 1)
     columns = ", ".join(reads.state.sql) + ", " + select.removeprefix("SELECT ")
     joined = (
-        f"{state_t} INNER JOIN {lanes_t} ON ({lanes_t}.{quote('host_id')} = {state_host}) {rest}"
+        f"{state_t} INNER JOIN {lanes_t} "
+        f"ON ({lanes_t}.{quote(_column(DueLane, 'host'))} = {state_host}) {rest}"
     )
     # No lanes: the state row with the host and its slot, the lanes' columns NULL.
     host_t, slot_t = (quote(m._meta.db_table) for m in (Host, Schedule))
@@ -600,8 +601,9 @@ def function_sql(connection: BaseDatabaseWrapper) -> str:
         + f", {nulls}, "
         + ", ".join(reads.host.sql + reads.slot.sql)
         + ", NULL::json, NULL::boolean, NULL::boolean"
-        + f" FROM {state_t} INNER JOIN {host_t} ON ({host_t}.{quote('id')} = {state_host})"
-        + f" LEFT OUTER JOIN {slot_t} ON ({host_t}.{quote('alarm_id')} = {slot_t}.{quote('id')})"
+        + f" FROM {state_t} INNER JOIN {host_t} ON ({host_t}.{quote(_column(Host))} = {state_host})"
+        + f" LEFT OUTER JOIN {slot_t} ON ({host_t}.{quote(_column(Host, 'alarm'))} = "
+        + f"{slot_t}.{quote(_column(Schedule))})"
         + f" WHERE {state_host} = p_host"
     )
     declared = ",\n    ".join(f"{name} {kind}" for name, kind in _out_names(connection))
