@@ -57,6 +57,7 @@ def finish(p: Pass, taken: Lease) -> None:
 
     def fn(tx: AlarmTx) -> tuple[str, bool]:
         release_in(tx.state, taken)
+        tx.commit_unflushed()  # Note [Begin does not wait for the flush]
         now = clock.now()
         return settle_alarm(tx, p.generation, p.next_at, tx.live_ticket_count(now), now)
 

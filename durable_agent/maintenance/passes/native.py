@@ -616,6 +616,7 @@ def checkpoint(step: Pass) -> None:
                 nonterminal=len(remaining),
             )
             write_record(tx.host, step.started_at, report, deadline=step.slot_time)
+            tx.commit_unflushed()  # Note [Begin does not wait for the flush]
         return due, (rows, producing), finished
 
     failpoints.hit("maintenance:checkpoint:before")

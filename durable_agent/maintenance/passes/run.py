@@ -35,7 +35,7 @@ Note [Begin does not wait for the flush]
     as any commit is, and it reaches the disk with the next flush. PostgreSQL flushes the WAL
     in order, so every later commit that waits for its flush makes begin's durable too: the
     head's claim before the agent runs (its attempt must be counted), the agent's or the
-    handler's own writes, the settlement, the finish. Only a server crash (or a failover)
+    handler's own writes, the settlement. Only a server crash (or a failover)
     can lose begin's commit, within the WAL writer's delay (``wal_writer_delay``, 200 ms by
     default) and only when nothing that waited for its flush committed after it. The
     database then holds the state before begin, which was committed and keeps the invariant
@@ -43,11 +43,23 @@ Note [Begin does not wait for the flush]
     lane handler that the crash stopped, or one that ended before it with no write of its
     own; a handler stopped by a crash runs again whether or not its claim survived (lanes
     run at least once). What such a loss forgets is the lane's claim, its no-progress count
-    and backoff floor, which the next pass writes again. Nothing else commits unflushed: the
-    gate's commit, the claim, the settlement and every acknowledgement wait for the disk.
+    and backoff floor, which the next pass writes again.
+
+    The pass's last transaction commits unflushed too: the one that gives the lease back and
+    settles the slot (``finish``, a caught-up wave's completion in ``waves.one_wave``, the
+    native checkpoint that finishes the pass). Losing it to a server crash leaves the state
+    its earlier commits left, which keeps the invariant: begin armed the slot within the
+    lease (or, when that too was lost, the state before begin, as above), and every
+    producer commit since (the settlement's own included) bumped the generation and armed
+    the slot, flushed. What such a loss forgets is the pass's
+    acknowledgement, its record, the lane's completion and the slot's re-arming: the slot
+    fires by the lease's end, and that pass finds the work done and acknowledges it, or, for
+    a lane whose handler had ended, runs the handler again (lanes run at least once). Nothing
+    else commits unflushed: the gate's commit, the claim, the settlement, a handler's own
+    writes and a failed pass's back-off wait for the disk.
     Inside a caller's ``transaction.atomic`` the setting would outlive the alarm transaction
-    into the caller's, so there begin commits as any transaction does; so it does on any
-    other database.
+    into the caller's, so there these transactions commit as any transaction does; so they
+    do on any other database.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Begin commits without waiting for the WAL flush, and nothing else in the pass does (Note
+"""Begin and the pass's last transaction commit without waiting for the WAL flush, and nothing
+else in the pass does: the handler, the agent's claim and its settlement wait for the disk (Note
 [Begin does not wait for the flush] in ``durable_agent/maintenance/passes/run.py``)."""
 
 from __future__ import annotations
@@ -7,10 +8,12 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+import durable_agent
 from durable_agent import lanes
+from durable_agent.agents import registry
 from durable_agent.maintenance import gate, run_pass
 from durable_agent.maintenance.store.transactions import AlarmTx, run_alarm_transaction
-from durable_agent.models import Host, MaintenanceState
+from durable_agent.models import Host, MaintenanceState, PassRecord
 from durable_agent.testing import FakeClock
 
 # Committed transactions: the setting's scope is the transaction, which a test case's own
@@ -30,7 +33,7 @@ def _synchronous_commit() -> str | None:
     return value
 
 
-def test_begin__commits_unflushed_and_the_handler_runs_with_every_later_commit_flushed(
+def test_begin__commits_unflushed_and_the_handler_runs_flushed_before_an_unflushed_finish(
     clock: FakeClock,
 ) -> None:
     host = Host.objects.create(key="unflushed")
@@ -44,15 +47,75 @@ def test_begin__commits_unflushed_and_the_handler_runs_with_every_later_commit_f
     sql = [q["sql"] for q in queries.captured_queries]
     unflushed = [q for q in sql if UNFLUSHED in q]
     if connection.vendor == "postgresql":
-        # One statement, begin's writes: the lease, the lane's claim, the slot.
-        assert len(unflushed) == 1, "\n".join(sql)
+        # Two statements: begin's writes (the lease, the lane's claim, the slot), then the
+        # completion's, the pass's last (the lane, the lease given back, the record).
+        assert len(unflushed) == 2, "\n".join(sql)
         assert '"pass_lease_owner"' in unflushed[0]
         assert 'UPDATE "durable_agent_duelane"' in unflushed[0]
-        # The handler, the finish and whatever follows wait for their flush again.
+        assert 'INSERT INTO "durable_agent_passrecord"' in unflushed[1]
+        assert sql[sql.index(unflushed[1]) + 1 :] == ["COMMIT"]  # nothing after it
+        # The handler runs between the two and waits for its flush.
         assert seen == ["on"]
         assert _synchronous_commit() == "on"
     else:
         assert (unflushed, seen) == ([], [None])
+
+
+def test_fresh_submission__the_claim_and_the_settlement_flushed_the_checkpoint_not(
+    clock: FakeClock,
+) -> None:
+    saved = registry.snapshot()
+    seen: list[str | None] = []
+
+    @registry.agent("unflushed-echo", version="1")
+    def echo(ctx: object, payload: object) -> object:
+        seen.append(_synchronous_commit())
+        return payload
+
+    try:
+        host = Host.objects.create(key="fresh")
+        run_pass(host)
+        durable_agent.submit(host=host, thread="t", agent="unflushed-echo", payload=1)
+        with CaptureQueriesContext(connection) as queries:
+            report = run_pass(host)
+    finally:
+        registry.restore(saved)
+    assert (report.phase, report.settled) == ("actionable", 1)
+    sql = [q["sql"] for q in queries.captured_queries]
+    unflushed = [q for q in sql if UNFLUSHED in q]
+    if connection.vendor != "postgresql":
+        assert (unflushed, seen) == ([], [None])
+        return
+    # Begin's writes, then the checkpoint that finishes the pass (its record), the last
+    # statement; the head's claim and the settlement between them commit flushed.
+    assert len(unflushed) == 2, "\n".join(sql)
+    assert '"pass_lease_owner"' in unflushed[0]
+    assert 'INSERT INTO "durable_agent_passrecord"' in unflushed[1]
+    assert sql[sql.index(unflushed[1]) + 1 :] == ["COMMIT"]
+    between = sql[sql.index(unflushed[0]) + 1 : sql.index(unflushed[1])]
+    assert any('UPDATE "durable_agent_submission"' in q for q in between), "\n".join(sql)
+    assert any("durable_agent_commit_intent" in q for q in between), "\n".join(sql)
+    assert seen == ["on"]
+    assert _synchronous_commit() == "on"
+
+
+def test_failed_handler__only_begin_commits_unflushed(clock: FakeClock) -> None:
+    host = Host.objects.create(key="failing")
+
+    def fail(ctx: object) -> None:
+        raise RuntimeError("handler failed")
+
+    lanes.register("outbox", fail)
+    run_pass(host)
+    gate.schedule(host, "outbox", clock.now())
+    with CaptureQueriesContext(connection) as queries, pytest.raises(RuntimeError):
+        run_pass(host)
+    assert PassRecord.objects.filter(host=host).latest("id").phase == "failed"
+    unflushed = [q["sql"] for q in queries.captured_queries if UNFLUSHED in q["sql"]]
+    assert len(unflushed) == (1 if connection.vendor == "postgresql" else 0)
+    assert all('"pass_lease_owner"' in q for q in unflushed)
+    # The failure's back-off re-armed the slot, flushed.
+    assert Host.objects.select_related("alarm").get(pk=host.pk).alarm is not None
 
 
 def test_begin__a_pass_that_finds_nothing_due_sends_no_setting(clock: FakeClock) -> None:
