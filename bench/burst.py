@@ -13,6 +13,13 @@ run by rate is printed, with every run's rate, then every run in the order run w
 against the median and what the server did in the background meanwhile (checkpoints,
 autovacuum and autoanalyze runs), to tell a slow run's cause.
 
+Each run also reads, from ``/proc``, the CPU time its processes spent between the due
+instant and the drain, per drained host: the cluster's processes (its two busiest apart: in a
+burst, the workers), PostgreSQL's (every process of the server), and how busy the machine's
+cores were. ``--profile out.txt`` samples the cluster with py-spy, idle threads included;
+``--profile-gil`` samples only threads that hold the GIL (Python's own CPU: psycopg's waits
+for the server release it).
+
 ``--count N`` then runs ``N`` hosts once more (not timed: tracing slows every statement) on a
 cluster traced by ``bench/trace.py`` and counts, over every process of the cluster, what the
 database saw from the due instant until the burst drained: statements (the firing, django-q's
@@ -25,6 +32,7 @@ them).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -44,6 +52,7 @@ def run(
     lead: float,
     profile: str | None = None,
     trace_dir: str | None = None,
+    gil: bool = False,
 ) -> list[Any]:
     from django.utils import timezone
     from django_q.models import OrmQ, Schedule
@@ -72,10 +81,12 @@ def run(
             gate.schedule(host_id, "burst", due)
         if timezone.now() >= due:
             raise SystemExit("arming took longer than the lead; raise --lead")
-        spy = None if profile is None else py_spy(process.pid, profile)
+        spy = None if profile is None else py_spy(process.pid, profile, gil=gil)
         wait_for(lambda: timezone.now() >= due, timeout=lead + 0.03 * hosts + 5, interval=0.005)
         server_before = server_work()
+        cpu_before = cpu_reading(process.pid)
         done = wait_for(drained, timeout=300, interval=0.02)
+        cpu_during = cpu_reading(process.pid) - cpu_before
         seconds = (timezone.now() - due).total_seconds()
         server_during = server_work() - server_before
         if trace_dir is not None:
@@ -112,6 +123,7 @@ def run(
         h["p50"],
         h["max"],
         ", ".join(f"{name} {n}" for name, n in sorted(server_during.items()) if n) or "none",
+        *cpu_per_host(cpu_during, rows),
     ]
 
 
@@ -134,6 +146,55 @@ def server_work() -> Counter[str]:
             "autoanalyzes": int(analyzes or 0),
         }
     )
+
+
+def cpu_reading(cluster_pid: int) -> Counter[str]:
+    """CPU seconds so far of the cluster's processes (``cluster``, and each process as
+    ``pid <n>``), of PostgreSQL's, and of the machine (``busy`` and ``all``, from /proc/stat).
+    Subtract two readings for a window; a process that ended between them is not counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        fields = rest.split()
+        pid = int(entry)
+        parents[pid], names[pid] = int(fields[1]), name
+        used[pid] = (int(fields[11]) + int(fields[12])) / tick
+    reading: Counter[str] = Counter()
+    for pid, seconds in used.items():
+        ancestor = pid
+        while ancestor not in (0, 1, cluster_pid) and ancestor in parents:
+            ancestor = parents[ancestor]
+        if ancestor == cluster_pid:
+            reading["cluster"] += seconds
+            reading[f"pid {pid}"] += seconds
+        elif names[pid] == "postgres":
+            reading["postgres"] += seconds
+    cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    reading["all"] = sum(cpu) / tick
+    reading["busy"] = (sum(cpu) - cpu[3] - cpu[4]) / tick  # less idle and iowait
+    return reading
+
+
+def cpu_per_host(during: Counter[str], drained: int) -> list[float]:
+    """Milliseconds of CPU per drained host: the cluster's two busiest processes (a burst's
+    workers), its other processes, PostgreSQL; and the cores' busy share in percent."""
+    per = 1000 / max(drained, 1)
+    busiest = sorted((v for k, v in during.items() if k.startswith("pid ")), reverse=True)[:2]
+    return [
+        sum(busiest) * per,
+        (during["cluster"] - sum(busiest)) * per,
+        during["postgres"] * per,
+        100 * during["busy"] / during["all"] if during["all"] else float("nan"),
+    ]
 
 
 def counted(hosts: int, workers: int, lead: float) -> list[Any]:
@@ -172,13 +233,15 @@ def _outermost(spans: list[tuple[float, float, str, str]], at: float, thread: st
     return name.split()[0].split(".")[-1]
 
 
-def py_spy(pid: int, output: str) -> subprocess.Popen[bytes]:
-    """Sample the cluster (every process, idle threads too) until stopped: ``--profile
-    out.svg`` (a flame graph) or ``out.txt`` (collapsed stacks)."""
+def py_spy(pid: int, output: str, *, gil: bool = False) -> subprocess.Popen[bytes]:
+    """Sample the cluster (every process; idle threads too, or with ``gil`` only the threads
+    that hold the GIL) until stopped: ``--profile out.svg`` (a flame graph) or ``out.txt``
+    (collapsed stacks)."""
     kind = "raw" if output.endswith(".txt") else "flamegraph"
     beside = Path(sys.executable).with_name("py-spy")  # the venv's, when not on PATH
     spy = str(beside) if beside.exists() else "py-spy"
-    command = [spy, "record", "--subprocesses", "--idle", "-r", "200", "-f", kind]
+    command = [spy, "record", "--subprocesses", "--gil" if gil else "--idle", "-r", "200"]
+    command += ["-f", kind]
     return subprocess.Popen(
         [*command, "-o", output, "-p", str(pid)],
         stdout=subprocess.DEVNULL,
@@ -193,12 +256,21 @@ def main() -> None:
     parser.add_argument("--lead", type=float, default=3.0)
     parser.add_argument("--profile", help="py-spy flame graph of the cluster (first run)")
     parser.add_argument(
+        "--profile-gil", action="store_true", help="--profile samples only GIL holders"
+    )
+    parser.add_argument(
         "--count", type=int, default=0, help="then count the statements of a traced run"
     )
     args = parser.parse_args()
     setup()
     in_order = [
-        run(args.hosts, args.workers, args.lead, args.profile if i == 0 else None)
+        run(
+            args.hosts,
+            args.workers,
+            args.lead,
+            args.profile if i == 0 else None,
+            gil=args.profile_gil,
+        )
         for i in range(args.runs)
     ]
     runs = sorted(in_order, key=lambda row: float(row[4]))
@@ -219,7 +291,7 @@ def main() -> None:
             "handler row max ms",
             "all runs /s",
         ],
-        [[*runs[len(runs) // 2][:-1], rates]],
+        [[*runs[len(runs) // 2][:10], rates]],
     )
     median = float(runs[len(runs) // 2][4])
     table(
@@ -231,9 +303,13 @@ def main() -> None:
             "first pass ms",
             "handler row max ms",
             "the server meanwhile",
+            "CPU ms a host: two busiest cluster processes",
+            "other cluster processes",
+            "PostgreSQL",
+            "cores busy %",
         ],
         [
-            [i + 1, row[4], float(row[4]) / median, row[5], row[9], row[10]]
+            [i + 1, row[4], float(row[4]) / median, row[5], row[9], row[10], *row[11:15]]
             for i, row in enumerate(in_order)
         ],
     )
