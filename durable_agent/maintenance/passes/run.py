@@ -45,18 +45,19 @@ Note [Begin does not wait for the flush]
     run at least once). What such a loss forgets is the lane's claim, its no-progress count
     and backoff floor, which the next pass writes again.
 
-    The pass's last transaction commits unflushed too: the one that gives the lease back and
-    settles the slot (``finish``, a caught-up wave's completion in ``waves.one_wave``, the
-    native checkpoint that finishes the pass). Losing it to a server crash leaves the state
-    its earlier commits left, which keeps the invariant: begin armed the slot within the
-    lease (or, when that too was lost, the state before begin, as above), and every
-    producer commit since (the settlement's own included) bumped the generation and armed
-    the slot, flushed. What such a loss forgets is the pass's
-    acknowledgement, its record, the lane's completion and the slot's re-arming: the slot
-    fires by the lease's end, and that pass finds the work done and acknowledges it, or, for
-    a lane whose handler had ended, runs the handler again (lanes run at least once). Nothing
-    else commits unflushed: the gate's commit, the claim, the settlement, a handler's own
-    writes and a failed pass's back-off wait for the disk.
+    The pass's last transaction commits unflushed too when nothing of the pass it settles
+    is kept only there: the ``finish`` that gives the lease back and settles the slot, and
+    the native checkpoint that ends the pass. What the pass did is already durable by then:
+    a settlement commits flushed (the agent's outcome is in it), a wave's completion too.
+    Losing the last transaction to a server crash leaves the state its earlier commits left,
+    which keeps the invariant: begin armed the slot within the lease (or, when begin too was
+    lost, the state before it, as above), and every producer commit since (the settlement's
+    own included) bumped the generation and armed the slot, flushed. What such a loss
+    forgets is the pass's acknowledgement, its record and the slot's re-arming: the slot
+    fires by the lease's end, and that pass finds the work done and acknowledges it. A
+    caught-up wave's completion (``waves.one_wave``) is the only record that its handler
+    ran, so it waits for the flush, as the gate's commit, the claim, the settlement, a
+    handler's own writes and a failed pass's back-off do.
     Inside a caller's ``transaction.atomic`` the setting would outlive the alarm transaction
     into the caller's, so there these transactions commit as any transaction does; so they
     do on any other database.

@@ -482,6 +482,5 @@ def one_wave(p: Pass, taken: Lease) -> None:
         p.alarm, p.parked = settle_alarm(tx, p.generation, None, active, now)
         report = report_of(p, PassPhase.CAUGHT_UP.value)
         write_record(tx.host, p.started_at, report, deadline=p.slot_time)
-        tx.commit_unflushed()  # Note [Begin does not wait for the flush]
 
     run_alarm_transaction(p.host, "finish maintenance event", fn)

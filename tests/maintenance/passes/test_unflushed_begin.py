@@ -1,6 +1,7 @@
-"""Begin and the pass's last transaction commit without waiting for the WAL flush, and nothing
-else in the pass does: the handler, the agent's claim and its settlement wait for the disk (Note
-[Begin does not wait for the flush] in ``durable_agent/maintenance/passes/run.py``)."""
+"""Begin and the pass's last transaction (the finish, or the checkpoint that ends the pass)
+commit without waiting for the WAL flush, and nothing else in the pass does: the handler, a
+wave's completion, the agent's claim and its settlement wait for the disk (Note [Begin does
+not wait for the flush] in ``durable_agent/maintenance/passes/run.py``)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _synchronous_commit() -> str | None:
     return value
 
 
-def test_begin__commits_unflushed_and_the_handler_runs_flushed_before_an_unflushed_finish(
+def test_begin__commits_unflushed_and_the_handler_and_the_completion_flushed(
     clock: FakeClock,
 ) -> None:
     host = Host.objects.create(key="unflushed")
@@ -47,14 +48,12 @@ def test_begin__commits_unflushed_and_the_handler_runs_flushed_before_an_unflush
     sql = [q["sql"] for q in queries.captured_queries]
     unflushed = [q for q in sql if UNFLUSHED in q]
     if connection.vendor == "postgresql":
-        # Two statements: begin's writes (the lease, the lane's claim, the slot), then the
-        # completion's, the pass's last (the lane, the lease given back, the record).
-        assert len(unflushed) == 2, "\n".join(sql)
+        # One statement, begin's writes: the lease, the lane's claim, the slot. The
+        # completion (the only record that the handler ran) waits for its flush.
+        assert len(unflushed) == 1, "\n".join(sql)
         assert '"pass_lease_owner"' in unflushed[0]
         assert 'UPDATE "durable_agent_duelane"' in unflushed[0]
-        assert 'INSERT INTO "durable_agent_passrecord"' in unflushed[1]
-        assert sql[sql.index(unflushed[1]) + 1 :] == ["COMMIT"]  # nothing after it
-        # The handler runs between the two and waits for its flush.
+        assert any('INSERT INTO "durable_agent_passrecord"' in q for q in sql)
         assert seen == ["on"]
         assert _synchronous_commit() == "on"
     else:
@@ -97,6 +96,46 @@ def test_fresh_submission__the_claim_and_the_settlement_flushed_the_checkpoint_n
     assert any("durable_agent_commit_intent" in q for q in between), "\n".join(sql)
     assert seen == ["on"]
     assert _synchronous_commit() == "on"
+
+
+def test_finish__a_pass_with_a_wave_beside_the_agent_finishes_unflushed(
+    clock: FakeClock,
+) -> None:
+    saved = registry.snapshot()
+    seen: list[str | None] = []
+
+    @registry.agent("unflushed-echo", version="1")
+    def echo(ctx: object, payload: object) -> object:
+        return payload
+
+    lanes.register("outbox", lambda ctx: seen.append(_synchronous_commit()))
+    try:
+        host = Host.objects.create(key="finish")
+        run_pass(host)
+        gate.schedule(host, "outbox", clock.now())
+        durable_agent.submit(host=host, thread="t", agent="unflushed-echo", payload=1)
+        with CaptureQueriesContext(connection) as queries:
+            report = run_pass(host)
+    finally:
+        registry.restore(saved)
+    assert (report.phase, report.settled, seen) == (
+        "actionable",
+        1,
+        ["on" if connection.vendor == "postgresql" else None],
+    )
+    sql = [q["sql"] for q in queries.captured_queries]
+    unflushed = [q for q in sql if UNFLUSHED in q]
+    if connection.vendor != "postgresql":
+        assert unflushed == []
+        return
+    # Begin's writes and the finish's (the lease given back); the wave's completion and the
+    # settlement between them wait for their flush.
+    assert len(unflushed) == 2, "\n".join(sql)
+    assert '"pass_lease_owner"' in unflushed[0]
+    assert '"pass_lease_owner"' in unflushed[1]
+    between = sql[sql.index(unflushed[0]) + 1 : sql.index(unflushed[1])]
+    assert any("durable_agent_commit_intent" in q for q in between), "\n".join(sql)
+    assert any('UPDATE "durable_agent_duelane"' in q for q in between), "\n".join(sql)
 
 
 def test_failed_handler__only_begin_commits_unflushed(clock: FakeClock) -> None:
