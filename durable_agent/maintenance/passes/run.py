@@ -53,11 +53,13 @@ Note [Begin does not wait for the flush]
     which keeps the invariant: begin armed the slot within the lease (or, when begin too was
     lost, the state before it, as above), and every producer commit since (the settlement's
     own included) bumped the generation and armed the slot, flushed. What such a loss
-    forgets is the pass's acknowledgement, its record and the slot's re-arming: the slot
-    fires by the lease's end, and that pass finds the work done and acknowledges it. A
-    caught-up wave's completion (``waves.one_wave``) is the only record that its handler
-    ran, so it waits for the flush, as the gate's commit, the claim, the settlement, a
-    handler's own writes and a failed pass's back-off do.
+    forgets is the pass's acknowledgement, its record, the slot's re-arming and the native
+    step's bookkeeping (the round-robin cursor, a native backoff written, binding waits
+    dropped): the slot fires by the lease's end, and that pass finds the work done,
+    acknowledges it and writes the bookkeeping again (a lost backoff only lets it retry
+    sooner). A caught-up wave's completion (``waves.one_wave``) is the only record that its
+    handler ran, so it waits for the flush, as the gate's commit, the claim, the settlement,
+    a handler's own writes and a failed pass's back-off do.
     Inside a caller's ``transaction.atomic`` the setting would outlive the alarm transaction
     into the caller's, so there these transactions commit as any transaction does; so they
     do on any other database.
