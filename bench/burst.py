@@ -152,31 +152,23 @@ def cpu_reading(cluster_pid: int) -> Counter[str]:
     """CPU seconds so far of the cluster's processes (``cluster``, and each process as
     ``pid <n>``), of PostgreSQL's, and of the machine (``busy`` and ``all``, from /proc/stat).
     Subtract two readings for a window; a process that ended between them is not counted."""
+    from bench.connections import descendants
+
     tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    used: dict[int, float] = {}
-    names: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    cluster = descendants(cluster_pid)
+    reading: Counter[str] = Counter()
+    for path in Path("/proc").glob("[0-9]*/stat"):
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            stat = path.read_text()
         except OSError:
             continue
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
-        fields = rest.split()
-        pid = int(entry)
-        parents[pid], names[pid] = int(fields[1]), name
-        used[pid] = (int(fields[11]) + int(fields[12])) / tick
-    reading: Counter[str] = Counter()
-    for pid, seconds in used.items():
-        ancestor = pid
-        while ancestor not in (0, 1, cluster_pid) and ancestor in parents:
-            ancestor = parents[ancestor]
-        if ancestor == cluster_pid:
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if int(path.parent.name) in cluster:
             reading["cluster"] += seconds
-            reading[f"pid {pid}"] += seconds
-        elif names[pid] == "postgres":
+            reading[f"pid {path.parent.name}"] += seconds
+        elif name == "postgres":
             reading["postgres"] += seconds
     cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
     reading["all"] = sum(cpu) / tick

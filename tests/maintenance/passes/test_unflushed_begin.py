@@ -5,6 +5,8 @@ not wait for the flush] in ``durable_agent/maintenance/passes/run.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -34,6 +36,22 @@ def _synchronous_commit() -> str | None:
     return value
 
 
+@pytest.fixture
+def agent_saw() -> Iterator[list[str | None]]:
+    """The agent ``unflushed-echo`` v1, registered for the test: what ``synchronous_commit``
+    each of its runs saw."""
+    saved = registry.snapshot()
+    seen: list[str | None] = []
+
+    @registry.agent("unflushed-echo", version="1")
+    def echo(ctx: object, payload: object) -> object:
+        seen.append(_synchronous_commit())
+        return payload
+
+    yield seen
+    registry.restore(saved)
+
+
 def test_begin__commits_unflushed_and_the_handler_and_the_completion_flushed(
     clock: FakeClock,
 ) -> None:
@@ -61,24 +79,14 @@ def test_begin__commits_unflushed_and_the_handler_and_the_completion_flushed(
 
 
 def test_fresh_submission__the_claim_and_the_settlement_flushed_the_checkpoint_not(
-    clock: FakeClock,
+    clock: FakeClock, agent_saw: list[str | None]
 ) -> None:
-    saved = registry.snapshot()
-    seen: list[str | None] = []
-
-    @registry.agent("unflushed-echo", version="1")
-    def echo(ctx: object, payload: object) -> object:
-        seen.append(_synchronous_commit())
-        return payload
-
-    try:
-        host = Host.objects.create(key="fresh")
-        run_pass(host)
-        durable_agent.submit(host=host, thread="t", agent="unflushed-echo", payload=1)
-        with CaptureQueriesContext(connection) as queries:
-            report = run_pass(host)
-    finally:
-        registry.restore(saved)
+    seen = agent_saw
+    host = Host.objects.create(key="fresh")
+    run_pass(host)
+    durable_agent.submit(host=host, thread="t", agent="unflushed-echo", payload=1)
+    with CaptureQueriesContext(connection) as queries:
+        report = run_pass(host)
     assert (report.phase, report.settled) == ("actionable", 1)
     sql = [q["sql"] for q in queries.captured_queries]
     unflushed = [q for q in sql if UNFLUSHED in q]
@@ -99,25 +107,16 @@ def test_fresh_submission__the_claim_and_the_settlement_flushed_the_checkpoint_n
 
 
 def test_finish__a_pass_with_a_wave_beside_the_agent_finishes_unflushed(
-    clock: FakeClock,
+    clock: FakeClock, agent_saw: list[str | None]
 ) -> None:
-    saved = registry.snapshot()
     seen: list[str | None] = []
-
-    @registry.agent("unflushed-echo", version="1")
-    def echo(ctx: object, payload: object) -> object:
-        return payload
-
     lanes.register("outbox", lambda ctx: seen.append(_synchronous_commit()))
-    try:
-        host = Host.objects.create(key="finish")
-        run_pass(host)
-        gate.schedule(host, "outbox", clock.now())
-        durable_agent.submit(host=host, thread="t", agent="unflushed-echo", payload=1)
-        with CaptureQueriesContext(connection) as queries:
-            report = run_pass(host)
-    finally:
-        registry.restore(saved)
+    host = Host.objects.create(key="finish")
+    run_pass(host)
+    gate.schedule(host, "outbox", clock.now())
+    durable_agent.submit(host=host, thread="t", agent="unflushed-echo", payload=1)
+    with CaptureQueriesContext(connection) as queries:
+        report = run_pass(host)
     assert (report.phase, report.settled, seen) == (
         "actionable",
         1,
