@@ -28,7 +28,7 @@ from durable_agent.agents.services import encode_json
 from durable_agent.errors import BindingUnavailable, is_stop, leaves
 from durable_agent.maintenance import gate
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.store.rows import update_now
+from durable_agent.maintenance.store.rows import run_update, update_statement
 from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import Host, Submission, SubmissionOutcome, SubmissionState, Thread
 from durable_agent.observability import log_extra
@@ -259,41 +259,58 @@ def _settle(
         from the locked row. So a returned attempt first tries the one conditional ``UPDATE``
         that settles it (still ``running``, still its owner's, no abort intent), which locks
         the row as ``_owned``'s ``SELECT ... FOR UPDATE`` would; only when it writes nothing
-        (lost, or aborted) does the attempt read the row and settle as a failure would.
+        (lost, or aborted) does the attempt read the row and settle as a failure would. On
+        PostgreSQL that ``UPDATE`` and its native progress are one statement that commits by
+        itself (Note [A write and its progress in one statement] in
+        ``durable_agent/maintenance/mutations/gate.py``).
     """
-    with gate.transaction(host) as tx:
-        if failure is None:
-            now = clock.now()
-            fields = transitions.settled(SubmissionOutcome.COMPLETED, now, result=result)
-            where = {"id": submission.pk, "state": SubmissionState.RUNNING, "lease_owner": owner}
-            if update_now(Submission, fields, where, null=("abort_requested_at",)):
-                tx.record_progress([NATIVE])
-                signals.submission_settled_on_commit(
-                    submission.pk, submission.host_id, SubmissionOutcome.COMPLETED
-                )
-                return Settlement(
-                    submission.thread.key, str(submission.pk), SubmissionOutcome.COMPLETED.value
-                )
-        row = _owned(submission, owner)
-        if row is None:
-            _lost(host, submission, "settle")
-            return None
-        now = clock.now()
-        error = None if failure is None else transitions.error_of(failure)
-        if row.abort_requested_at is None and retries.retry(host, row, owner, failure, error, now):
+    completed = None
+    if failure is None:  # the one conditional UPDATE
+        fields = transitions.settled(SubmissionOutcome.COMPLETED, clock.now(), result=result)
+        where = {"id": submission.pk, "state": SubmissionState.RUNNING, "lease_owner": owner}
+        completed = update_statement(Submission, fields, where, null=("abort_requested_at",))
+    settled = None if completed is None else gate.update_with_progress(host, completed, [NATIVE])
+    if not settled:
+        with gate.transaction(host) as tx:
+            if completed is None or settled is not None or not run_update(completed):
+                return _settle_read(host, submission, owner, tx, result=result, failure=failure)
             tx.record_progress([NATIVE])
-            return None
-        if row.abort_requested_at is not None:
-            outcome = SubmissionOutcome.ABORTED
-        elif failure is not None:
-            outcome = SubmissionOutcome.FAILED
-        else:
-            outcome = SubmissionOutcome.COMPLETED
-        stored = None if failure is not None else result
-        fields = transitions.settled(outcome, now, result=stored, error=error)
-        Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
+    signals.submission_settled_on_commit(
+        submission.pk, submission.host_id, SubmissionOutcome.COMPLETED
+    )
+    return Settlement(submission.thread.key, str(submission.pk), SubmissionOutcome.COMPLETED.value)
+
+
+def _settle_read(
+    host: Host,
+    submission: Submission,
+    owner: str,
+    tx: gate.SourceTransaction,
+    *,
+    result: Any,
+    failure: BaseException | None,
+) -> Settlement | None:
+    """The settlement after reading the locked row: a failure, a lost lease, an abort."""
+    row = _owned(submission, owner)
+    if row is None:
+        _lost(host, submission, "settle")
+        return None
+    now = clock.now()
+    error = None if failure is None else transitions.error_of(failure)
+    if row.abort_requested_at is None and retries.retry(host, row, owner, failure, error, now):
         tx.record_progress([NATIVE])
-        signals.submission_settled_on_commit(row.pk, row.host_id, outcome)
+        return None
+    if row.abort_requested_at is not None:
+        outcome = SubmissionOutcome.ABORTED
+    elif failure is not None:
+        outcome = SubmissionOutcome.FAILED
+    else:
+        outcome = SubmissionOutcome.COMPLETED
+    stored = None if failure is not None else result
+    fields = transitions.settled(outcome, now, result=stored, error=error)
+    Submission.objects.filter(pk=row.pk, lease_owner=owner).update(**fields)
+    tx.record_progress([NATIVE])
+    signals.submission_settled_on_commit(row.pk, row.host_id, outcome)
     return Settlement(submission.thread.key, str(submission.pk), outcome.value)
 
 

@@ -24,6 +24,8 @@ Note [Folding the intent per lane]
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,7 +37,7 @@ from durable_agent import clock, conf
 from durable_agent.errors import AlarmError, DurableAgentError, HostNotFound, RevisionConflict
 from durable_agent.maintenance import backoff, failpoints
 from durable_agent.maintenance.lane_ids import NATIVE
-from durable_agent.maintenance.store.rows import queued_after
+from durable_agent.maintenance.store.rows import Update, queued_after
 from durable_agent.maintenance.store.transactions import _safe_message
 from durable_agent.maintenance.types import EPOCH, ProgressOp, ScheduleOp
 from durable_agent.models import MaintenanceState
@@ -132,8 +134,35 @@ def commit(intent: Intent, operation: str, *, hint: bool = False) -> int:
     else ``AlarmError(operation, ...)``. ``maintenance:queue:flush`` is passed after the call
     when it wrote lanes (still before COMMIT: a crash there rolls everything back).
     """
+    sql, params = _call(intent, hint)
+    with _translated_errors(intent.host_id, operation):
+        row = _fetch(sql, params)
+        written = int(row[0]) if row is not None else 0
+        if written:
+            failpoints.hit("maintenance:queue:flush")
+    return written
+
+
+def commit_with_update(
+    intent: Intent, update: Update, operation: str, *, hint: bool = False
+) -> bool:
+    """Run the conditional ``UPDATE`` of ``update`` and, only when it writes a row, apply
+    ``intent`` in the same statement (Note [A write and its progress in one statement] in
+    ``gate.py``): whether a row was written. Outside a transaction the statement commits by
+    itself. Errors as :func:`commit`'s. ``maintenance:queue:flush`` is passed before the
+    statement: a crash there leaves nothing written, as a crash before a transaction's
+    COMMIT does.
+    """
+    sql, params = _call(intent, hint)
+    statement = f"WITH written AS ({update.sql} RETURNING 1) {sql} FROM written"
+    with _translated_errors(intent.host_id, operation):
+        failpoints.hit("maintenance:queue:flush")
+        return _fetch(statement, [*update.params, *params]) is not None
+
+
+def _call(intent: Intent, hint: bool) -> tuple[str, list[Any]]:
+    """The function's call for ``intent`` (with the hint's ``pg_notify``), and its arguments."""
     assert intent.wake is not None
-    connection = connections[router.db_for_write(MaintenanceState)]
     names = list(intent.lanes)
     now = clock.now()
     params: list[Any] = [
@@ -155,23 +184,28 @@ def commit(intent: Intent, operation: str, *, hint: bool = False) -> int:
         conf.alarm_cluster(),
         queued_after(now),
     ]
+    if hint:
+        return SQL + HINT_SQL, [*params, PROMPT_CHANNEL, hint_payload(intent.host_id)]
+    return SQL, params
+
+
+def _fetch(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+    connection = connections[router.db_for_write(MaintenanceState)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row: tuple[Any, ...] | None = cursor.fetchone()
+    return row
+
+
+@contextmanager
+def _translated_errors(host_id: int, operation: str) -> Iterator[None]:
+    """The errors of ``run_alarm_transaction`` (:func:`commit`)."""
     try:
-        with connection.cursor() as cursor:
-            if hint:
-                cursor.execute(
-                    SQL + HINT_SQL, [*params, PROMPT_CHANNEL, hint_payload(intent.host_id)]
-                )
-            else:
-                cursor.execute(SQL, params)
-            row = cursor.fetchone()
-        written = int(row[0]) if row is not None else 0
-        if written:
-            failpoints.hit("maintenance:queue:flush")
-        return written
+        yield
     except DurableAgentError:
         raise
     except DatabaseError as exc:
-        raise _translated(exc, intent.host_id, operation) from exc
+        raise _translated(exc, host_id, operation) from exc
     except Exception as exc:
         raise AlarmError(operation, _safe_message(exc)) from exc
 

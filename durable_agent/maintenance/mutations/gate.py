@@ -53,6 +53,7 @@ from durable_agent.errors import GateMisuse, InvalidInput
 from durable_agent.maintenance import failpoints, registry
 from durable_agent.maintenance.lane_ids import NATIVE, PUBLICATION, validate_lane_id
 from durable_agent.maintenance.mutations import commit_function
+from durable_agent.maintenance.store.rows import Update
 from durable_agent.maintenance.store.transactions import (
     AlarmTx,
     commit_failed,
@@ -296,6 +297,43 @@ def _transaction(host: HostRef) -> Iterator[SourceTransaction]:
         raise
     if parent is not None:
         parent.ops.extend(frame.ops)
+
+
+def update_with_progress(host: HostRef, update: Update, lanes: Iterable[str]) -> bool | None:
+    """Run ``update`` (one conditional ``UPDATE``, ``rows.update_statement``) and, when it writes
+    a row, record source progress on ``lanes`` with it, in one statement that commits by
+    itself. True: written, with its progress; False: no row matched, nothing written; None:
+    not here (another database, an open transaction, intent the commit function does not
+    take): the caller runs the write in ``gate.transaction`` instead.
+
+    Note [A write and its progress in one statement]
+        A ``gate.transaction`` whose body is one conditional ``UPDATE`` followed by
+        ``tx.record_progress`` (an attempt's settlement) is four round trips on PostgreSQL:
+        ``BEGIN``, the ``UPDATE``, the commit function, ``COMMIT``. Written as one statement
+        (``WITH written AS (UPDATE ... RETURNING 1) SELECT durable_agent_commit_intent(...)
+        FROM written``) outside any transaction, it is one: the function runs once when the
+        ``UPDATE`` wrote its row and not at all when it wrote none, and the statement is its
+        own transaction, so the fact, the generation, the lanes and the slot commit together
+        (flushed) as before, or not at all. The locks are taken in the same order (the
+        written row, then the host's as the function takes them). Inside a transaction (a
+        caller's ``atomic``, a ``gate.transaction`` frame) it is not used: the caller's
+        intent must be replayed at that transaction's end.
+    """
+    if not commit_function.available() or _frames() or user_atomic_depth() > 0:
+        return None
+    host_id = resolve_host_id(host)
+    op = _progress_op(host_id, lanes)
+    intent = None if op is None else commit_function.fold(host_id, [op])
+    if op is None or intent is None:
+        return None
+    hint = wants_prompt([op])
+    operation = "commit maintenance source intent"
+    with observability.span("durable_agent.gate.transaction") as current:
+        current.set_attribute("durable_agent.host_id", host_id)
+        if db_transaction.get_connection().in_atomic_block:  # a test case's: keep it usable
+            with db_transaction.atomic():
+                return commit_function.commit_with_update(intent, update, operation, hint=hint)
+        return commit_function.commit_with_update(intent, update, operation, hint=hint)
 
 
 def schedule(

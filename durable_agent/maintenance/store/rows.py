@@ -11,10 +11,11 @@ Note [Reads written once]
     through each field's database converters, as the ORM does. The statements are the ones
     the ORM issued: the same columns, ``ORDER BY lane``, and ``FOR UPDATE`` (``FOR UPDATE OF``
     the lanes) where the database has row locks. The rows come back through
-    ``durable_agent.compiled.Columns``. :func:`update_now` is the same write run at once,
-    with ``IS NULL`` conditions besides: the settle of a completed attempt (Note [A completed
-    attempt settles in one statement] in ``durable_agent/agents/attempts.py``), whose
-    ``QuerySet.update`` cost 0.3 ms more to build than to run.
+    ``durable_agent.compiled.Columns``. :func:`update_statement` builds the same write to run
+    at once (:func:`run_update`), with ``IS NULL`` conditions besides: the settle of a
+    completed attempt (Note [A completed attempt settles in one statement] in
+    ``durable_agent/agents/attempts.py``), whose ``QuerySet.update`` cost 0.3 ms more to build
+    than to run.
 
 Django internals this module relies on (the part of the package most likely to need care on a
 Django upgrade): ``Model._meta.concrete_fields`` / ``db_table`` / ``get_field``,
@@ -295,15 +296,27 @@ def update_where(
         then(written)
 
 
-def update_now(
+class Update(NamedTuple):
+    """One ``UPDATE`` statement, built by :func:`update_statement`, run by :func:`run_update`."""
+
+    sql: str
+    params: list[Any]
+    using: str
+
+
+def update_statement(
     model: type[Model], values: dict[str, Any], where: dict[str, Any], *, null: Sequence[str] = ()
-) -> int:
-    """:func:`update_where` run at once, inside :func:`writes_together` too, with ``null``'s
-    fields ``IS NULL`` among the conditions: the number of rows written."""
-    connection = connections[router.db_for_write(model)]
-    sql, params = _update(connection, model, values, where, tuple(null))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+) -> Update:
+    """:func:`update_where`'s statement to run at once, with ``null``'s fields ``IS NULL``
+    among the conditions."""
+    using = router.db_for_write(model)
+    return Update(*_update(connections[using], model, values, where, tuple(null)), using)
+
+
+def run_update(update: Update) -> int:
+    """Run ``update`` at once, inside :func:`writes_together` too: the rows written."""
+    with connections[update.using].cursor() as cursor:
+        cursor.execute(update.sql, update.params)
         return int(cursor.rowcount)
 
 

@@ -22,7 +22,8 @@ from durable_agent.maintenance.store.rows import (
     load_lanes,
     load_lanes_and_tickets,
     lock_state_row,
-    update_now,
+    run_update,
+    update_statement,
     update_where,
     writes_together,
 )
@@ -125,7 +126,7 @@ def test_update_where__prepares_values_and_reports_rows_written(clock: FakeClock
     assert (row.revision, row.due_at, row.reported) == (5, due, True)
 
 
-def test_update_now__null_conditions_at_once_even_inside_writes_together(
+def test_run_update__null_conditions_at_once_even_inside_writes_together(
     clock: FakeClock,
 ) -> None:
     # The settle's statement (Note [A completed attempt settles in one statement]): IS NULL
@@ -145,16 +146,19 @@ def test_update_now__null_conditions_at_once_even_inside_writes_together(
     fields = transitions.settled(SubmissionOutcome.COMPLETED, clock.now(), result=None)
     with writes_together(connection.alias):
         counts = [
-            update_now(
-                Submission,
-                fields,
-                {"id": row.pk, "lease_owner": "me"},
-                null=("abort_requested_at",),
+            run_update(
+                update_statement(
+                    Submission,
+                    fields,
+                    {"id": row.pk, "lease_owner": "me"},
+                    null=("abort_requested_at",),
+                )
             )
             for row in rows
         ]
         assert counts == [1, 0]  # known before the block's end
-    assert update_now(Submission, fields, {"id": rows[0].pk, "lease_owner": "other"}) == 0
+    other = update_statement(Submission, fields, {"id": rows[0].pk, "lease_owner": "other"})
+    assert run_update(other) == 0
     for row in rows:
         row.refresh_from_db()
     assert [(r.state, r.result) for r in rows] == [
