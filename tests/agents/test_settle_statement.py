@@ -147,3 +147,17 @@ def test_update_with_progress__a_written_row_commits_with_its_progress(
     # generation does not move, the slot is armed.
     assert ledger(host, pk)[2] == dirty
     assert Host.objects.select_related("alarm").get(pk=host.pk).alarm is not None
+
+
+def test_update_with_progress__a_write_routed_elsewhere_is_left_to_the_caller(
+    clock: FakeClock, fresh: tuple[Host, int]
+) -> None:
+    # One statement runs on one database: a write whose router picked another one than the
+    # host's state takes gate.transaction.
+    host, pk = fresh
+    before = ledger(host, pk)
+    built = update_statement(Submission, {"payload": "edited"}, {"id": pk})
+    elsewhere = built._replace(using="reporting")
+    assert gate.update_with_progress(host, elsewhere, [NATIVE]) is None
+    assert ledger(host, pk) == before
+    assert Submission.objects.get(pk=pk).payload == 1

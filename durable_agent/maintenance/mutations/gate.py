@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.db import DatabaseError
+from django.db import DatabaseError, router
 from django.db import transaction as db_transaction
 
 from durable_agent import clock, conf, observability
@@ -69,7 +69,7 @@ from durable_agent.maintenance.types import (
     validate_cursor,
     validate_deadline,
 )
-from durable_agent.models import Host, MutationTicket
+from durable_agent.models import Host, MaintenanceState, MutationTicket
 
 T = TypeVar("T")
 HostRef = Host | str | int
@@ -303,8 +303,9 @@ def update_with_progress(host: HostRef, update: Update, lanes: Iterable[str]) ->
     """Run ``update`` (one conditional ``UPDATE``, ``rows.update_statement``) and, when it writes
     a row, record source progress on ``lanes`` with it, in one statement that commits by
     itself. True: written, with its progress; False: no row matched, nothing written; None:
-    not here (another database, an open transaction, intent the commit function does not
-    take): the caller runs the write in ``gate.transaction`` instead.
+    not here (another database, an open transaction, a write routed to a database other than
+    the host's state, intent the commit function does not take): the caller runs the write in
+    ``gate.transaction`` instead.
 
     Note [A write and its progress in one statement]
         A ``gate.transaction`` whose body is one conditional ``UPDATE`` followed by
@@ -320,6 +321,8 @@ def update_with_progress(host: HostRef, update: Update, lanes: Iterable[str]) ->
         intent must be replayed at that transaction's end.
     """
     if not commit_function.available() or _frames() or user_atomic_depth() > 0:
+        return None
+    if update.using != router.db_for_write(MaintenanceState):  # one statement, one database
         return None
     host_id = resolve_host_id(host)
     op = _progress_op(host_id, lanes)
