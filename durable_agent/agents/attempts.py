@@ -272,7 +272,7 @@ def _settle(
     settled = None if completed is None else gate.update_with_progress(host, completed, [NATIVE])
     if not settled:
         with gate.transaction(host) as tx:
-            if completed is None or settled is not None or not run_update(completed):
+            if completed is None or settled is False or not run_update(completed):
                 return _settle_read(host, submission, owner, tx, result=result, failure=failure)
             tx.record_progress([NATIVE])
     signals.submission_settled_on_commit(

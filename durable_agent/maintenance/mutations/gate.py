@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -331,11 +331,14 @@ def update_with_progress(host: HostRef, update: Update, lanes: Iterable[str]) ->
         return None
     hint = wants_prompt([op])
     operation = "commit maintenance source intent"
-    with observability.span("durable_agent.gate.transaction") as current:
+    # A test case's transaction is kept usable by a savepoint; outside one, none is needed.
+    savepoint = (
+        db_transaction.atomic()
+        if db_transaction.get_connection().in_atomic_block
+        else nullcontext()
+    )
+    with observability.span("durable_agent.gate.transaction") as current, savepoint:
         current.set_attribute("durable_agent.host_id", host_id)
-        if db_transaction.get_connection().in_atomic_block:  # a test case's: keep it usable
-            with db_transaction.atomic():
-                return commit_function.commit_with_update(intent, update, operation, hint=hint)
         return commit_function.commit_with_update(intent, update, operation, hint=hint)
 
 
