@@ -36,9 +36,27 @@ Note [Timestamps read by psycopg's own loader]
     Anywhere else the cursor is Django's own. tests/test_compiled.py compares the values and
     their ``tzinfo`` with the ORM's, and checks that Django's loader is not called.
 
+Note [An instance without Model.__init__]
+    Every alarm transaction reads the host's state row, its host and its slot back as model
+    instances, and the claim of a thread's head its submission: ``Model.from_db`` calls
+    ``Model.__init__``, which sends ``pre_init`` and ``post_init``, makes a ``ModelState`` and
+    sets each field's attribute, 5-10 us an instance (a third of it for a plain one; a fresh
+    pass makes seven). For a whole row of a model whose ``__init__`` and ``from_db`` are
+    Django's own, whose columns' attributes are Django's plain deferred attributes (a
+    ``ForeignKeyDeferredAttribute`` only clears a cached related object, which a new instance
+    does not have) and that has no ``pre_init`` or ``post_init`` receiver at the time,
+    :meth:`Columns.instance` builds what ``from_db`` would: the instance's ``__dict__`` holds
+    each column's converted value under its ``attname``, and its ``_state`` is a
+    ``ModelState`` with ``adding`` False and ``db`` the connection's alias. Any other model (a
+    field with a descriptor of its own, such as a file field; an ``__init__`` or ``from_db``
+    overridden; a receiver connected) goes through ``from_db`` as before.
+    tests/test_compiled.py compares the instances with the ORM's, field by field, and
+    checks that a receiver connected later is still sent its signals.
+
 Django internals relied on: ``Query.get_compiler``, ``SQLCompiler.as_sql`` / ``select`` /
 ``col_count`` / ``get_converters``, ``Field.get_col`` and ``Col.get_db_converters``,
-``connection.ops.get_db_converters``, ``Model.from_db``, the converters' ``(value,
+``connection.ops.get_db_converters``, ``Model.from_db`` and what it does (``ModelState``,
+``DeferredAttribute``, ``pre_init``/``post_init``), the converters' ``(value,
 expression, connection)`` signature, ``connection.timezone`` and the wrapped cursor's psycopg
 ``adapters`` (:func:`reading`). tests/test_compiled.py runs every read built here
 against the ORM's own answer, and tests/maintenance/store/test_rows.py every row read back.
@@ -55,6 +73,10 @@ from typing import Any
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model, QuerySet
+from django.db.models.base import ModelState
+from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
+from django.db.models.query_utils import DeferredAttribute
+from django.db.models.signals import post_init, pre_init
 
 #: The key a read is compiled with: no row has it, and it is found among the parameters.
 MARKER = -7_364_125_981
@@ -108,7 +130,37 @@ class Columns:
         return out
 
     def instance(self, row: Sequence[Any], connection: BaseDatabaseWrapper) -> Model:
-        return self.model.from_db(connection.alias, self.attnames, self.values(row, connection))
+        """The row as ``Model.from_db`` gives it (Note [An instance without Model.__init__])."""
+        values = self.values(row, connection)
+        model = self.model
+        if not _plain(model) or pre_init.has_listeners(model) or post_init.has_listeners(model):
+            return model.from_db(connection.alias, self.attnames, values)
+        new = model.__new__(model)
+        state = new._state = ModelState()
+        state.adding, state.db = False, connection.alias
+        new.__dict__.update(zip(self.attnames, values, strict=True))
+        return new
+
+
+def _plain(model: type[Model]) -> bool:
+    """Whether ``Model.from_db`` of a whole row of ``model`` does nothing but set each
+    column's attribute in the instance's ``__dict__`` (Note [An instance without
+    Model.__init__]); found once per model."""
+    found = _plain_models.get(model)
+    if found is None:
+        found = _plain_models[model] = (
+            model.__init__ is Model.__init__
+            and getattr(model.from_db, "__func__", None) is Model.from_db.__func__  # type: ignore[attr-defined]
+            and all(
+                type(getattr(model, f.attname, None))
+                in (DeferredAttribute, ForeignKeyDeferredAttribute)
+                for f in model._meta.concrete_fields
+            )
+        )
+    return found
+
+
+_plain_models: dict[type[Model], bool] = {}
 
 
 _columns: dict[tuple[str, str, type[Model]], Columns] = {}

@@ -203,3 +203,104 @@ def test_reading_parses_timestamps_without_djangos_loader(monkeypatch: pytest.Mo
         cursor.execute("SELECT now()")
         cursor.fetchone()
     assert len(calls) == 1
+
+
+def _read_back(model: Any, pk: Any) -> Any:
+    """``model``'s row ``pk`` read through :class:`compiled.Columns`, as the pass reads it."""
+    from django.db import connection
+
+    columns = compiled.Columns.cached(model, connection)
+    quote = connection.ops.quote_name
+    with compiled.reading(connection) as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(columns.sql)} FROM {quote(model._meta.db_table)}"
+            f" WHERE {quote(model._meta.pk.column)} = %s",
+            [pk],
+        )
+        return columns.instance(cursor.fetchone(), connection)
+
+
+def _same_instance(ours: Any, orms: Any) -> None:
+    assert type(ours) is type(orms)
+    for field in type(orms)._meta.concrete_fields:
+        assert getattr(ours, field.attname) == getattr(orms, field.attname), field.attname
+        assert repr(getattr(ours, field.attname)) == repr(getattr(orms, field.attname))
+    assert (ours._state.adding, ours._state.db) == (orms._state.adding, orms._state.db)
+    assert ours.pk == orms.pk
+    assert ours == orms
+
+
+def test_a_columns_instance_is_the_orms_without_model_init(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Note [An instance without Model.__init__]: the state row, the host, the slot and a
+    # submission read back equal the ORM's, field by field, without Model.__init__.
+    from django.db.models import Model
+    from django_q.models import Schedule
+
+    from durable_agent.maintenance import ensure_alarm
+    from durable_agent.models import Host
+
+    host_id = _ledger()[0]
+    ensure_alarm(host_id)  # dirty above processed: the slot is armed
+    MaintenanceState.objects.filter(host_id=host_id).update(**RETRY)
+    host = Host.objects.get(pk=host_id)
+    assert host.alarm_id is not None
+    rows = [
+        (MaintenanceState, host_id),
+        (Host, host_id),
+        (Schedule, host.alarm_id),
+        *(
+            (Submission, pk)
+            for pk in Submission.objects.filter(host_id=host_id).values_list("pk", flat=True)
+        ),
+    ]
+    inits: list[type] = []
+    original = Model.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        inits.append(type(self))
+        original(self, *args, **kwargs)
+
+    for model, pk in rows:
+        orms = model.objects.get(pk=pk)
+        monkeypatch.setattr(Model, "__init__", counted)
+        ours = _read_back(model, pk)
+        monkeypatch.setattr(Model, "__init__", original)
+        _same_instance(ours, orms)
+        assert ours.pk == pk
+    assert inits == []
+    # what it reads back is a working instance: a related object, a save, a refresh
+    submission = _read_back(Submission, rows[-1][1])
+    assert submission.thread.host_id == host_id
+    submission.approval_reason = "kept"
+    submission.save(update_fields=["approval_reason"])
+    assert Submission.objects.get(pk=submission.pk).approval_reason == "kept"
+
+
+def test_a_columns_instance_sends_the_init_signals_of_a_receiver_connected_later() -> None:
+    from django.db.models.signals import post_init, pre_init
+
+    host_id = _ledger()[0]
+    seen: list[Any] = []
+
+    def pre(sender: Any, **kwargs: Any) -> None:
+        seen.append(("pre", sender))
+
+    def post(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(("post", sender, instance.host_id))
+
+    _read_back(MaintenanceState, host_id)  # the model's way is found before the receivers
+    for signal, receiver in ((pre_init, pre), (post_init, post)):
+        signal.connect(receiver, sender=MaintenanceState)
+        try:
+            orms = MaintenanceState.objects.get(pk=host_id)
+            seen.clear()
+            ours = _read_back(MaintenanceState, host_id)
+        finally:
+            signal.disconnect(receiver, sender=MaintenanceState)
+        _same_instance(ours, orms)
+        sent = (
+            ("pre", MaintenanceState) if signal is pre_init else ("post", MaintenanceState, host_id)
+        )
+        assert seen == [sent]

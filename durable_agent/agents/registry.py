@@ -71,6 +71,8 @@ class AgentSpec:
 
 _lock = threading.Lock()
 _agents: dict[tuple[str, str], AgentSpec] = {}
+#: :func:`registry_key` of ``_agents`` as it is, or None once a binding was added or removed.
+_key: list[str | None] = [None]
 
 
 def _validate_name(name: object) -> str:
@@ -151,6 +153,8 @@ def register(
                 agent=name,
                 version=version,
             )
+        if existing is None:
+            _key[0] = None
         _agents[spec.binding] = spec
     return spec
 
@@ -204,6 +208,7 @@ def _validate_retry(retry: object) -> RetryPolicy | None:
 def unregister(name: str, version: str | int = "1") -> bool:
     """Remove a binding; False when it was not registered."""
     with _lock:
+        _key[0] = None
         return _agents.pop((name, str(version)), None) is not None
 
 
@@ -231,11 +236,16 @@ def registry_key() -> str:
     Only names and versions count: two processes with the same bindings agree on the key
     whatever their registration order, and replacing a function without bumping its version
     does not change it.
+
+    Every pass begins by comparing it with the host's stored key, so it is computed once
+    after each change of the bindings (register, unregister, restore) and kept until the next.
     """
     with _lock:
-        pairs = sorted(_agents)
-    encoded = json.dumps([list(pair) for pair in pairs], separators=(",", ":"))
-    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+        key = _key[0]
+        if key is None:
+            encoded = json.dumps([list(pair) for pair in sorted(_agents)], separators=(",", ":"))
+            key = _key[0] = hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+        return key
 
 
 def snapshot() -> dict[tuple[str, str], AgentSpec]:
@@ -247,6 +257,7 @@ def snapshot() -> dict[tuple[str, str], AgentSpec]:
 def restore(saved: dict[tuple[str, str], AgentSpec]) -> None:
     """Replace every registration with ``saved`` (from :func:`snapshot`)."""
     with _lock:
+        _key[0] = None
         _agents.clear()
         _agents.update(saved)
 

@@ -143,6 +143,41 @@ def test_registry_key__changes_with_the_bindings() -> None:
     assert len({empty, one, registry.registry_key()}) == 3
 
 
+def test_registry_key__is_computed_once_until_the_bindings_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry.register("a", first)
+    before = registry.registry_key()
+    digests: list[bytes] = []
+    original = registry.hashlib.sha256
+
+    def counted(data: bytes) -> Any:
+        digests.append(data)
+        return original(data)
+
+    monkeypatch.setattr(registry.hashlib, "sha256", counted)
+    assert [registry.registry_key() for _ in range(3)] == [before] * 3
+    assert digests == []  # kept: nothing changed since it was computed
+
+    registry.register("a", first)  # the same binding again changes nothing
+    assert registry.registry_key() == before
+    assert digests == []
+
+    for change in (
+        lambda: registry.register("b", second),
+        lambda: registry.unregister("b", "1"),
+        lambda: registry.restore({}),
+    ):
+        change()
+        fresh = registry.registry_key()
+        monkeypatch.setattr(registry.hashlib, "sha256", original)
+        registry._key[0] = None
+        assert fresh == registry.registry_key()  # what a computation from scratch gives
+        monkeypatch.setattr(registry.hashlib, "sha256", counted)
+    assert len(digests) == 3
+    assert registry.registry_key() != before  # the bindings are empty now
+
+
 def test_registry_key__pairs_cannot_collide_by_concatenation() -> None:
     registry.register("ab", first, version="1")
     joined = registry.registry_key()

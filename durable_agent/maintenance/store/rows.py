@@ -263,8 +263,10 @@ def _tickets(value: Any) -> Tickets:
     return [(list(lanes), datetime.fromisoformat(expires)) for lanes, expires in pairs]
 
 
+#: Per shape: the statement, then the fields of its values and of its conditions, in order.
 _updates: dict[
-    tuple[str, str, type[Model], tuple[str, ...], tuple[str, ...], tuple[str, ...]], str
+    tuple[str, str, type[Model], tuple[str, ...], tuple[str, ...], tuple[str, ...]],
+    tuple[str, list[Any], list[Any]],
 ] = {}
 
 #: What a write's caller does with the number of rows it wrote (a compare-and-set's check).
@@ -329,16 +331,26 @@ def _update(
 ) -> tuple[str, list[Any]]:
     meta = model._meta
     key = (connection.alias, connection.vendor, model, tuple(values), tuple(where), null)
-    sql = _updates.get(key)
-    if sql is None:
+    built = _updates.get(key)
+    if built is None:
         quote = connection.ops.quote_name
         assignments = ", ".join(f"{quote(_column(model, name))} = %s" for name in values)
         conditions = [f"{quote(_column(model, name))} = %s" for name in where]
         conditions += [f"{quote(_column(model, name))} IS NULL" for name in null]
         sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {' AND '.join(conditions)}"
-        _updates[key] = sql
-    params = [meta.get_field(n).get_db_prep_save(v, connection) for n, v in values.items()]  # type: ignore[union-attr]
-    params += [meta.get_field(n).get_db_prep_value(v, connection) for n, v in where.items()]  # type: ignore[union-attr]
+        built = _updates[key] = (
+            sql,
+            [meta.get_field(name) for name in values],
+            [meta.get_field(name) for name in where],
+        )
+    sql, set_fields, where_fields = built
+    params = [
+        f.get_db_prep_save(v, connection) for f, v in zip(set_fields, values.values(), strict=True)
+    ]
+    params += [
+        f.get_db_prep_value(v, connection)
+        for f, v in zip(where_fields, where.values(), strict=True)
+    ]
     return sql, params
 
 
