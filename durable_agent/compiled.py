@@ -44,10 +44,11 @@ Note [An instance without Model.__init__]
     pass makes seven). For a whole row of a model whose ``__init__`` and ``from_db`` are
     Django's own, whose columns' attributes are Django's plain deferred attributes (a
     ``ForeignKeyDeferredAttribute`` only clears a cached related object, which a new instance
-    does not have) and that has no ``pre_init`` or ``post_init`` receiver at the time,
-    :meth:`Columns.instance` builds what ``from_db`` would: the instance's ``__dict__`` holds
-    each column's converted value under its ``attname``, and its ``_state`` is a
-    ``ModelState`` with ``adding`` False and ``db`` the connection's alias. Any other model (a
+    does not have) and that has no ``pre_init`` or ``post_init`` receiver at the time (asked
+    only when either signal has a receiver at all), :meth:`Columns.instance` builds what
+    ``from_db`` would: the instance's ``__dict__`` holds each column's converted value under
+    its ``attname``, and its ``_state`` is a ``ModelState`` with ``adding`` False and ``db``
+    the connection's alias. Any other model (a
     field with a descriptor of its own, such as a file field; an ``__init__`` or ``from_db``
     overridden; a receiver connected) goes through ``from_db`` as before.
     tests/test_compiled.py compares the instances with the ORM's, field by field, and
@@ -133,7 +134,11 @@ class Columns:
         """The row as ``Model.from_db`` gives it (Note [An instance without Model.__init__])."""
         values = self.values(row, connection)
         model = self.model
-        if not _plain(model) or pre_init.has_listeners(model) or post_init.has_listeners(model):
+        if (
+            not _plain(model)
+            or (pre_init.receivers and pre_init.has_listeners(model))
+            or (post_init.receivers and post_init.has_listeners(model))
+        ):
             return model.from_db(connection.alias, self.attnames, values)
         new = model.__new__(model)
         state = new._state = ModelState()
