@@ -3,7 +3,8 @@
 * ``log_extra``: the one vocabulary of ``extra`` keys on durable_agent's log records:
   ``host_key``, ``host_id``, ``lane``, ``phase``, ``action``.
 * ``span``: an OpenTelemetry span when ``opentelemetry-api`` is installed (the ``[otel]``
-  extra), a no-op otherwise. Without an SDK configured the API's own tracer is a no-op too.
+  extra) and a tracer provider is installed, a no-op otherwise (Note [No span without a
+  tracer provider]).
 * ``pass_recorded``: called once per recorded pass: one INFO line (WARNING when the pass
   failed) on the ``durable_agent.maintenance`` logger, and the ``pass_finished`` signal (the
   Prometheus pass metrics of ``durable_agent.contrib.metrics`` listen to it).
@@ -67,8 +68,9 @@ def _tracer() -> Any:
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[Any]:
     """A span called ``name`` with ``attributes`` (None values left out), current for the
-    block; an exception is recorded on it and re-raised. A no-op without opentelemetry."""
-    if _trace is None:
+    block; an exception is recorded on it and re-raised. A no-op without opentelemetry, and
+    while no tracer provider is installed (Note [No span without a tracer provider])."""
+    if _trace is None or isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
         yield _NoSpan()
         return
     tracer = _tracer()
@@ -81,6 +83,17 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
         except BaseException as exc:
             _record_failure(current, exc)
             raise
+
+
+# Note [No span without a tracer provider]
+#     With the opentelemetry API installed and no provider (no SDK set up, no
+#     OTEL_PYTHON_TRACER_PROVIDER), the API's proxy tracer hands out spans that record nothing,
+#     each still made, attached to the context and detached: about 11 us a span, four or more a
+#     pass. Nothing can read them: a non-recording span made under no provider has an invalid
+#     context, as the current span already has. So until a provider is installed, :func:`span`
+#     yields the same stand-in as without opentelemetry; from the first span after a provider
+#     is set (``trace.set_tracer_provider``, or the auto-instrumentation's), every span is the
+#     provider's. tests/observability/test_tracing.py checks both.
 
 
 def _record_failure(current: Any, exc: BaseException) -> None:

@@ -140,3 +140,36 @@ def test_spans__waves_on_the_thread_pool_stay_children_of_the_pass(
     waves = [s for s in finished if s.name == "durable_agent.wave"]
     assert len(waves) == 2
     assert {s.parent.span_id for s in waves} == {pass_span.context.span_id}
+
+
+def test_spans__none_are_made_until_a_tracer_provider_is_installed(
+    monkeypatch: pytest.MonkeyPatch, spans: InMemorySpanExporter
+) -> None:
+    # Note [No span without a tracer provider]: the API's proxy provider (none installed)
+    # gets no span made at all; the installed provider gets every span.
+    from opentelemetry import trace
+
+    installed = trace.get_tracer_provider()
+    asked: list[str] = []
+
+    class Refusing:
+        def start_as_current_span(self, name: str, **_: object) -> object:
+            asked.append(name)
+            raise AssertionError("no span is made without a tracer provider")
+
+    monkeypatch.setattr(observability, "_tracer", lambda: Refusing())
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    with observability.span("durable_agent.pass", host_key="h") as current:
+        current.set_attribute("durable_agent.phase", "caught-up")
+    assert asked == []
+
+    monkeypatch.undo()
+    assert trace.get_tracer_provider() is installed
+    spans.clear()
+    with observability.span("durable_agent.pass", host_key="h") as current:
+        current.set_attribute("durable_agent.phase", "caught-up")
+    [made] = spans.get_finished_spans()
+    assert made.attributes == {
+        "durable_agent.host_key": "h",
+        "durable_agent.phase": "caught-up",
+    }
