@@ -40,18 +40,18 @@ Note [An instance without Model.__init__]
     Every alarm transaction reads the host's state row, its host and its slot back as model
     instances, and the claim of a thread's head its submission: ``Model.from_db`` calls
     ``Model.__init__``, which sends ``pre_init`` and ``post_init``, makes a ``ModelState`` and
-    sets each field's attribute, 5-10 us an instance (a third of it for a plain one; a fresh
-    pass makes seven). For a whole row of a model whose ``__init__`` and ``from_db`` are
-    Django's own, whose columns' attributes are Django's plain deferred attributes (a
-    ``ForeignKeyDeferredAttribute`` only clears a cached related object, which a new instance
-    does not have) and that has no ``pre_init`` or ``post_init`` receiver at the time (asked
-    only when either signal has a receiver at all), :meth:`Columns.instance` builds what
-    ``from_db`` would: the instance's ``__dict__`` holds each column's converted value under
-    its ``attname``, and its ``_state`` is a ``ModelState`` with ``adding`` False and ``db``
-    the connection's alias. Any other model (a
-    field with a descriptor of its own, such as a file field; an ``__init__`` or ``from_db``
-    overridden; a receiver connected) goes through ``from_db`` as before.
-    tests/test_compiled.py compares the instances with the ORM's, field by field, and
+    sets each field's attribute through ``setattr``, several times the work of the instance
+    itself (a fresh pass makes seven; tracked by ``python -m bench.pass_cost``). For a whole
+    row of a model whose ``__init__`` and ``from_db`` are Django's own, whose columns'
+    attributes are Django's plain deferred attributes (a ``ForeignKeyDeferredAttribute`` only
+    clears a cached related object, which a new instance does not have) and that has no
+    ``pre_init`` or ``post_init`` receiver at the time (asked only when either signal has a
+    receiver at all), :meth:`Columns.instance` builds what ``from_db`` would: the instance's
+    ``__dict__`` holds each column's converted value under its ``attname``, and its
+    ``_state`` is a ``ModelState`` with ``adding`` False and ``db`` the connection's alias.
+    Any other model (a field with a descriptor of its own, such as a file field; an
+    ``__init__`` or ``from_db`` overridden; a receiver connected) goes through ``from_db`` as
+    before. tests/test_compiled.py compares the instances with the ORM's, field by field, and
     checks that a receiver connected later is still sent its signals.
 
 Django internals relied on: ``Query.get_compiler``, ``SQLCompiler.as_sql`` / ``select`` /

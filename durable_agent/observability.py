@@ -88,12 +88,13 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
 # Note [No span without a tracer provider]
 #     With the opentelemetry API installed and no provider (no SDK set up, no
 #     OTEL_PYTHON_TRACER_PROVIDER), the API's proxy tracer hands out spans that record nothing,
-#     each still made, attached to the context and detached: about 11 us a span, four or more a
-#     pass. Nothing can read them: a non-recording span made under no provider has an invalid
-#     context, as the current span already has. So until a provider is installed, :func:`span`
-#     yields the same stand-in as without opentelemetry; from the first span after a provider
-#     is set (``trace.set_tracer_provider``, or the auto-instrumentation's), every span is the
-#     provider's. tests/observability/test_tracing.py checks both.
+#     each still made, attached to the context and detached, four or more a pass (tracked by
+#     ``python -m bench.pass_cost``). Nothing can read them: a non-recording span made under no
+#     provider has an invalid context, as the current span already has. So until a provider is
+#     installed, :func:`span` yields the same stand-in as without opentelemetry; from the first
+#     span after a provider is set (``trace.set_tracer_provider``, or the
+#     auto-instrumentation's), every span is the provider's. tests/observability/test_tracing.py
+#     checks both.
 
 
 def _record_failure(current: Any, exc: BaseException) -> None:
