@@ -98,7 +98,10 @@ def test_fresh_submission__the_claim_and_the_settlement_flushed_the_checkpoint_n
     assert len(unflushed) == 2, "\n".join(sql)
     assert '"pass_lease_owner"' in unflushed[0]
     assert 'INSERT INTO "durable_agent_passrecord"' in unflushed[1]
-    assert sql[sql.index(unflushed[1]) + 1 :] == ["COMMIT"]
+    # Only the history's trim may follow, in the same transaction (a pass in about twenty
+    # trims, by its record's id: Note [One trim in twenty, in any order] in finish.py).
+    after = sql[sql.index(unflushed[1]) + 1 :]
+    assert [q for q in after if '"durable_agent_passrecord"' not in q] == ["COMMIT"], after
     between = sql[sql.index(unflushed[0]) + 1 : sql.index(unflushed[1])]
     assert any('UPDATE "durable_agent_submission"' in q for q in between), "\n".join(sql)
     assert any("durable_agent_commit_intent" in q for q in between), "\n".join(sql)
