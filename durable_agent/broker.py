@@ -531,18 +531,22 @@ class AlarmFiring:
             least as many as there are workers, while there are hosts for them) a share of
             the slots, dealt in deadline order, so each worker starts with the earliest; the
             task ``durable_agent.tasks.fire_alarms`` runs its hosts' passes one after the
-            other, each exactly as ``fire_alarm`` runs it (held until its deadline, the
-            early-fire guard, its own lease and transactions, its own record). A task left
-            with one host is an ordinary ``fire_alarm`` task, so alarms that do not come due
-            together are delivered as before. One host's failure is logged and recorded by
-            its pass and does not stop the next; the task raises once the others ran, so
-            django-q records the failure. A delivery starts no new pass after
-            ``BATCH_BUDGET_SECONDS``: the hosts left are re-armed, due at once, so a long pass
-            delays the others of its delivery by itself alone. A delivery that dies (its
-            worker killed) leaves the slots of its hosts not yet run fired and disarmed, as a
-            lost single delivery does: django-q redelivers the task after ``retry``, and the
-            sweep re-arms each such host once its deadline is ``SWEEP_GRACE_MS`` old (Note [A
-            fired slot is not a lost one] in ``durable_agent/tasks.py``).
+            other, each as ``fire_alarm`` runs it (held until its deadline, the early-fire
+            guard, its own lease, its own completion, its own record), but for its begin: on
+            PostgreSQL a group of up to four hosts begins in one transaction (Note [A
+            delivery's passes begin together] in
+            ``durable_agent/tasks.py``). A task left with one host is an
+            ordinary ``fire_alarm`` task, so alarms that do not come due together are
+            delivered as before. One host's failure is logged and recorded by its pass and
+            does not stop the next; the task raises once the others ran, so django-q records
+            the failure. A delivery begins no new group after ``BATCH_BUDGET_SECONDS``: the
+            hosts left are re-armed, due at once, so a long pass delays by itself the others
+            of its group alone. A delivery that dies (its worker killed) leaves each host of a
+            group it began armed at that host's lease's expiry; the slots of its hosts not yet
+            begun stay fired and disarmed, as a lost single delivery leaves its host: django-q
+            redelivers the task after ``retry``, and the sweep re-arms each such host once its
+            deadline is ``SWEEP_GRACE_MS`` old (Note [A fired slot is not a lost one] in
+            ``durable_agent/tasks.py``).
         """
         alias = router.db_for_write(Schedule)
         self._batch = []

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.models import F, Q
 
 from durable_agent import clock, conf
 from durable_agent.errors import HostNotFound, PassError
 from durable_agent.maintenance import failpoints, passes, retention
 from durable_agent.maintenance.passes.finish import MAX_PASS_ERROR_LENGTH
+from durable_agent.maintenance.passes.run import begin, run_begun
+from durable_agent.maintenance.passes.state import Lease, Pass, renew
+from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import BindingRetry, DueLane, MaintenanceState
 from durable_agent.runtime import get_runtime
 from durable_agent.text import error_text, storable
@@ -32,12 +37,15 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
             and stores what a task raised, and a failure's own ``__str__`` may raise or hold
             what the database cannot store (docs/pass.md "What code raises").
     """
-    when = datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline
-    if when is None:  # a delivery without its deadline is guarded as if fired now
-        when = clock.now()
+    when = _deadline(deadline)  # a delivery without its deadline is guarded as if fired now
     hold_until(when)
+    return _fire(int(host_id), when)
+
+
+def _fire(host_id: int, when: datetime) -> dict[str, Any]:
+    """``fire_alarm`` once held until its deadline."""
     try:  # the pass reads the host in its first transaction
-        return passes.run_pass(int(host_id), deadline=when, guard=True).as_dict()
+        return passes.run_pass(host_id, deadline=when, guard=True).as_dict()
     except HostNotFound:
         logger.warning("Alarm fired for host %s, which no longer exists", host_id)
         return {"host": None, "phase": "stale"}
@@ -46,8 +54,8 @@ def fire_alarm(host_id: int, deadline: str | datetime | None = None, **_: Any) -
         raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
 
 
-#: How long one ``fire_alarms`` delivery starts new passes for; the hosts left after it are
-#: re-armed (Note [Several hosts per delivered task] in ``durable_agent/broker.py``).
+#: How long one ``fire_alarms`` delivery begins new groups of passes for; the hosts left after
+#: it are re-armed (Note [Several hosts per delivered task] in ``durable_agent/broker.py``).
 BATCH_BUDGET_SECONDS = 1.0
 
 
@@ -55,11 +63,13 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
     """Run the maintenance passes of several hosts whose alarm slots fired together, each as
     ``fire_alarm`` runs one: ``deliveries`` holds ``[host_id, deadline]`` pairs, earliest first.
 
-    Each host's pass keeps its own lease and transactions; a host whose pass fails is logged
-    and recorded by its pass, and the next host runs all the same. Once the delivery has run
-    for ``BATCH_BUDGET_SECONDS``, it starts no further pass: the hosts left are re-armed
-    (``ensure_alarm``, due at once) for another delivery, so a long pass delays the others by
-    itself at most (Note [Several hosts per delivered task] in ``durable_agent/broker.py``).
+    Each host's pass keeps its own lease and transactions but its begin, which it shares with
+    the others of its group (Note [A delivery's passes begin together]); a host whose pass
+    fails is logged and recorded by its pass, and the next host runs all the same. Once the
+    delivery has run for ``BATCH_BUDGET_SECONDS``, it begins no further group: the hosts left
+    are re-armed (``ensure_alarm``, due at once) for another delivery, so a long pass delays
+    by itself at most the others of its group and none after it (Note [Several hosts per
+    delivered task] in ``durable_agent/broker.py``).
 
     Raises:
         PassError: after every host ran, when a pass failed: the first failure's description,
@@ -68,19 +78,26 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     failures: list[tuple[int, str]] = []
     started = time.monotonic()
-    for index, (host_id, deadline) in enumerate(deliveries):
-        if index and time.monotonic() - started > BATCH_BUDGET_SECONDS:
+    pairs = [(int(host_id), _deadline(deadline)) for host_id, deadline in deliveries]
+    for start in range(0, len(pairs), GROUP):
+        if start and time.monotonic() - started > BATCH_BUDGET_SECONDS:
             rearm(
-                [int(host) for host, _ in deliveries[index:]],
+                [host for host, _ in pairs[start:]],
                 "after its delivery ran out of time",
                 delivered=True,
             )
             break
-        failpoints.hit("maintenance:batch:next")
-        try:
-            results.append(fire_alarm(host_id, deadline))
-        except PassError as exc:
-            failures.append((int(host_id), str(exc)))
+        group = pairs[start : start + GROUP]
+        for pair in group:
+            hold_until(pair[1])
+        for (host_id, when), begun in zip(group, begin_together(group), strict=True):
+            failpoints.hit("maintenance:batch:next")
+            try:
+                results.append(
+                    _fire(host_id, when) if begun is None else _run_begun(host_id, begun)
+                )
+            except PassError as exc:
+                failures.append((host_id, str(exc)))
     if failures:
         hosts = ", ".join(str(host) for host, _ in failures[:10])
         hosts += ", ..." if len(failures) > 10 else ""
@@ -88,6 +105,141 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
         text = failures[0][1]
         raise PassError(storable(text, limit=MAX_PASS_ERROR_LENGTH - len(more)) + more)
     return {"hosts": results}
+
+
+def _deadline(deadline: str | datetime | None) -> datetime:
+    """A delivery's deadline as ``fire_alarm`` reads it (now when it carries none)."""
+    when = datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline
+    return clock.now() if when is None else when
+
+
+def _run_begun(host_id: int, p: Pass) -> dict[str, Any]:
+    """``fire_alarm`` for a pass ``begin_together`` began."""
+    if not keep_lease(p):
+        logger.warning("The lease of host %s was lost before its pass ran", host_id)
+        return {"host": p.host.key, "phase": "busy"}
+    try:
+        return run_begun(p).as_dict()
+    except Exception as exc:
+        logger.error("The pass of host %s failed", host_id, exc_info=True)
+        raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
+
+
+#: How many hosts of a delivery one transaction begins at most (Note [A delivery's passes
+#: begin together]); ``fire_alarms`` checks its time budget between groups.
+GROUP = 4
+
+
+def begin_together(deliveries: Sequence[tuple[int, datetime]]) -> list[Pass | None]:
+    """Begin the passes of ``deliveries`` (``(host_id, deadline)`` pairs, the early-fire
+    guard applying) in one transaction; for each, the begun pass, or None where the host is
+    to run alone (``run_pass``): another transaction holds its state row, it has none yet, the
+    group's transaction failed, or this database or the caller's transaction does not allow
+    it.
+
+    Note [A delivery's passes begin together]
+        A burst host's pass is two alarm transactions, its begin and its completion, and each
+        costs a ``BEGIN``, a ``COMMIT`` and Django's atomic block around them, in the worker
+        and in the server, whatever it holds. ``fire_alarms`` begins the passes of a group of
+        its hosts (at most ``GROUP``) in one transaction: this locks the state rows of the
+        group's hosts that no other transaction holds (one statement, ``FOR UPDATE SKIP
+        LOCKED``, in ascending id order), then runs each locked host's ``begin``
+        (``durable_agent/maintenance/passes/run.py``) inside that transaction, in ascending id
+        order, without a savepoint, and commits once. Each begin is the one a pass run alone
+        makes: its own lease, its own early-fire guard, its own slot write, its own lanes. The
+        passes then run one after the other (``run_begun``), each as after its own begin.
+
+        Locks. The group's state rows are taken up front and never waited for: a host whose
+        state row another transaction holds (a producer's commit, another cluster's pass), or
+        that has no state row yet, is not begun here and runs alone afterwards, as every pass
+        did before. Each begin then re-locks its own state row (held already) and locks its
+        lanes, and no transaction locks a host's lanes without first holding its state row
+        (Note [Lock order] in ``durable_agent/maintenance/store/transactions.py``), so the
+        group's transaction waits for no lock another transaction holds and cannot deadlock
+        with any. Within it the order is Note [Lock order]'s, one host after another in
+        ascending id order, as a gate frame carrying several hosts takes them
+        (tests/locks.py checks both).
+
+        Failure. Any error in the group's transaction rolls all of it back, and every host of
+        the group runs alone, exactly as before this note (a host whose begin failed fails
+        again in a transaction of its own, and the others begin). A failure of one host's
+        begin costs the others one begin that changed nothing, not their passes.
+
+        Flush. Each begin that took its lease would commit without waiting for the WAL flush
+        (Note [Begin does not wait for the flush] in ``durable_agent/maintenance/passes/
+        run.py``); the group's transaction does the same when every begun host took its lease,
+        and waits for its flush when any begin ended otherwise (an early-fire guard that
+        re-armed the slot, a busy lease), as that begin alone would have.
+
+        Waiting its turn. A begun pass holds its lease, and its slot is armed at the lease's
+        expiry, from the group's commit until its own pass ends, but only its own pass renews
+        the lease (``heartbeat``). Before a begun pass runs, ``keep_lease`` renews the lease
+        once a third of its TTL has gone by, as that heartbeat would; a lease found lost (it
+        expired behind a long pass and another pass took it) is not run here: that other pass
+        owns the host. A crash between the commit and a host's pass leaves that host's slot
+        armed at its lease's expiry, as a crash after any begin does.
+    """
+    alias = router.db_for_write(MaintenanceState)
+    if (
+        len(deliveries) < 2
+        or alias != DEFAULT_DB_ALIAS  # where alarm transactions run (``run_alarm_transaction``)
+        or connections[alias].vendor != "postgresql"
+        or user_atomic_depth(alias) > 0
+        or len({host for host, _ in deliveries}) != len(deliveries)
+    ):
+        return [None] * len(deliveries)
+    runtime = get_runtime()
+    made = {
+        host_id: Pass(host_id, runtime, clock.now(), slot_time=deadline, guard=True)
+        for host_id, deadline in deliveries
+    }
+    begun: set[int] = set()
+    try:
+        with transaction.atomic(using=alias):
+            for host_id in sorted(_lock_free(alias, list(made))):
+                begin(made[host_id], join=True)
+                begun.add(host_id)
+            if any(not isinstance(made[host_id].lease, Lease) for host_id in begun):
+                _flushed(alias)
+    except Exception:
+        logger.warning(
+            "Beginning %d passes together failed; each begins alone", len(made), exc_info=True
+        )
+        return [None] * len(deliveries)
+    return [made[host_id] if host_id in begun else None for host_id, _ in deliveries]
+
+
+def keep_lease(p: Pass) -> bool:
+    """Before a begun pass runs: renew its lease once a third of its TTL has gone by; False
+    when the lease is no longer this pass's (Note [A delivery's passes begin together])."""
+    lease = p.lease
+    if not isinstance(lease, Lease):
+        return True
+    if lease.expires_at - clock.now() > conf.pass_lease_ttl() * 2 / 3:
+        return True
+    return renew(lease)
+
+
+def _lock_free(alias: str, hosts: list[int]) -> set[int]:
+    """Lock the state rows of ``hosts`` that no other transaction holds, ascending; their ids.
+    The same statement turns ``synchronous_commit`` off for the transaction (``_flushed``
+    turns it back on)."""
+    quote = connections[alias].ops.quote_name
+    table = quote(MaintenanceState._meta.db_table)
+    column = quote(MaintenanceState._meta.get_field("host").column)
+    sql = (
+        f"SELECT {column}, set_config('synchronous_commit', 'off', true) FROM {table} "
+        f"WHERE {column} = ANY(%s) ORDER BY {column} FOR UPDATE SKIP LOCKED"
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [hosts])
+        return {int(row[0]) for row in cursor.fetchall()}
+
+
+def _flushed(alias: str) -> None:
+    """This transaction's commit waits for its flush after all."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT set_config('synchronous_commit', 'on', true)")
 
 
 def rearm(hosts: list[int], why: str, *, delivered: bool = False) -> int:

@@ -251,7 +251,7 @@ def test_fire_alarms__one_hosts_failure_does_not_stop_the_others_and_is_raised_a
     assert alarm.scheduled(hosts[2]) is None
 
 
-def test_fire_alarms__a_delivery_past_its_budget_re_arms_the_hosts_left(
+def test_fire_alarms__a_delivery_past_its_budget_re_arms_the_hosts_of_the_groups_left(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from durable_agent import lanes, tasks
@@ -261,14 +261,15 @@ def test_fire_alarms__a_delivery_past_its_budget_re_arms_the_hosts_left(
     hosts = _hosts_with_due_lane(3, clock)
     deliveries = _fired_together(hosts, clock)
     monkeypatch.setattr(tasks, "BATCH_BUDGET_SECONDS", 0.0)
+    monkeypatch.setattr(tasks, "GROUP", 2)
     result = tasks.fire_alarms(deliveries)
-    assert ran == [hosts[0].pk]  # the first pass always runs
-    assert [r["host"] for r in result["hosts"]] == [hosts[0].key]
-    for host in hosts[1:]:  # the others are armed again, due at once, for another delivery
-        slot = alarm.scheduled(host)
-        assert slot is not None
-        assert slot <= clock.now() + conf.minimum_alarm_delay()
+    assert ran == [hosts[0].pk, hosts[1].pk]  # the first group always runs, all of it
+    assert [r["host"] for r in result["hosts"]] == [hosts[0].key, hosts[1].key]
+    slot = alarm.scheduled(hosts[2])  # armed again, due at once, for another delivery
+    assert slot is not None
+    assert slot <= clock.now() + conf.minimum_alarm_delay()
     assert alarm.scheduled(hosts[0]) is None
+    assert alarm.scheduled(hosts[1]) is None
 
 
 def test_fire_alarms__a_held_delivery_holds_each_host_until_its_own_deadline(

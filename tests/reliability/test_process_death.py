@@ -78,3 +78,66 @@ def test_process_death__converges_after_the_child_dies(clock: FakeClock, locatio
     assert state.dirty == state.processed
     assert alarm.scheduled(host) is None
     assert not MutationTicket.objects.filter(host=host).live(now=clock.now()).exists()
+
+
+# Two hosts' slots fired together, delivered to one task, whose passes begin in one
+# transaction (Note [A delivery's passes begin together] in
+# durable_agent/tasks.py); the child dies after that commit, before the
+# first pass's handler.
+GROUP_FLOW = """
+import os
+import time
+from django_q.models import Schedule
+from durable_agent import lanes, tasks
+from durable_agent.maintenance import alarm, failpoints, gate
+from durable_agent.models import Host
+
+def die(name):
+    if name == "maintenance:begin:after":
+        os._exit(17)
+
+lanes.register("outbox", lambda ctx: None)
+hosts = [{first}, {second}]
+for host in hosts:
+    gate.schedule(host, "outbox", gate_now())
+deliveries = [[h, alarm.scheduled(h).isoformat()] for h in hosts]
+slots = Host.objects.filter(pk__in=hosts).values_list("alarm_id", flat=True)
+Schedule.objects.filter(pk__in=list(slots)).update(repeats=0)  # fired, as the broker fires them
+time.sleep(0.2)  # past their deadlines
+with failpoints.installed(die):
+    tasks.fire_alarms(deliveries)
+"""
+
+
+def test_process_death__a_group_begun_together_leaves_every_host_armed(
+    clock: FakeClock,
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from durable_agent import conf, lanes
+    from durable_agent.models import DueLane
+    from tests.maintenance.helpers import caught_up
+
+    ran: list[int] = []
+    lanes.register("outbox", lambda ctx: ran.append(ctx.host.pk))
+    hosts = [Host.objects.create(key=f"group-dies-{i}") for i in range(2)]
+    for host in hosts:
+        caught_up(host)
+    started = timezone.now()
+    child = run_python(PRELUDE + GROUP_FLOW.format(first=hosts[0].pk, second=hosts[1].pk))
+    assert child.returncode == 17, f"the flow never reached its failpoint: {child.stderr[-2000:]}"
+    for host in hosts:  # both begins committed: each slot armed within its lease, none lost
+        audit = audit_host(Host.objects.select_related("alarm").get(pk=host.pk))
+        assert audit.ok, audit.violations
+        slot = alarm.scheduled(host)
+        assert slot is not None
+        assert slot <= started + conf.pass_lease_ttl() + timedelta(seconds=5)
+        assert MaintenanceState.objects.get(host=host).pass_lease_owner  # the dead one's lease
+    assert clock.now() > timezone.now() + conf.pass_lease_ttl()  # this process runs later
+    for host in hosts:
+        drain(host, clock, limit=50)
+    assert sorted(ran) == sorted(h.pk for h in hosts)  # each lane ran once its lease expired
+    assert not DueLane.objects.filter(host__in=hosts, due_at__isnull=False).exists()
+    assert all(alarm.scheduled(h) is None for h in hosts)

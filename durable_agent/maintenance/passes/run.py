@@ -68,6 +68,7 @@ Note [Begin does not wait for the flush]
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from durable_agent import clock, conf, observability
@@ -147,9 +148,19 @@ def run_pass(
         failure that is not an ``Exception`` as a :class:`PassError`, unless it is the
         process being stopped (Note [A stop is not a failure] in ``durable_agent/errors.py``).
     """
+    return _reported(lambda: _run_pass(host, slot_time=deadline, guard=guard, prompt=prompt))
+
+
+def run_begun(p: Pass) -> PassReport:
+    """Run and record the rest of a pass whose begin already committed (``begin_together`` in
+    ``durable_agent/tasks.py``), as :func:`run_pass` runs it after its begin."""
+    return _reported(lambda: _after_begin(p))
+
+
+def _reported(run: Callable[[], PassReport]) -> PassReport:
     with observability.span("durable_agent.pass") as current:
         try:
-            report = _run_pass(host, slot_time=deadline, guard=guard, prompt=prompt)
+            report = run()
         except BaseException as exc:
             if isinstance(exc, Exception) or is_stop(exc):
                 raise
@@ -166,6 +177,11 @@ def _run_pass(
     ref = host if isinstance(host, int) and not isinstance(host, bool) else _host(host)
     p = Pass(ref, get_runtime(), clock.now(), slot_time=slot_time, guard=guard, prompt=prompt)
     begin(p)
+    return _after_begin(p)
+
+
+def _after_begin(p: Pass) -> PassReport:
+    slot_time, prompt = p.slot_time, p.prompt
     taken = p.lease
     if isinstance(taken, Stale):
         logger.debug(
@@ -276,7 +292,7 @@ def combined(failures: list[BaseException]) -> BaseException:
     return PassFailed([f for f in failures if isinstance(f, Exception)])
 
 
-def begin(p: Pass) -> None:
+def begin(p: Pass, *, join: bool = False) -> None:
     """Take the lease and ``begin_pass`` under the generation snapshot, in one short
     transaction: charge the native lane once (docs/pass.md, step 1). A caught-up pass with
     nothing or one wave to run goes further in the same transaction (Note [Nothing or one
@@ -284,7 +300,8 @@ def begin(p: Pass) -> None:
     host's locks, into ``p``.
 
     The one place a pass starts: whatever the start (an alarm delivery with the early-fire
-    guard, an operator, a prompt start), it is a way into this transaction.
+    guard, an operator, a prompt start), it is a way into this transaction. With ``join`` it
+    runs inside the caller's transaction, without a savepoint (``begin_together``).
     """
     failpoints.hit("maintenance:begin:before")
     now = clock.now()
@@ -336,6 +353,6 @@ def begin(p: Pass) -> None:
         p.stalls = charged.stalls
         p.rows = queue.read()
 
-    run_alarm_transaction(p.ref, "begin maintenance pass", fn)
+    run_alarm_transaction(p.ref, "begin maintenance pass", fn, join=join)
     if p.wave is not None:
         p.claimed(p.wave[1])

@@ -4,7 +4,9 @@ Note [Lock order]
     Every alarm transaction locks the host's maintenance state row first, then its lanes, then
     writes the schedule row. Nothing else takes these locks in another order, and one alarm
     transaction touches exactly one host, so alarm transactions cannot deadlock each other or
-    django-q's scheduler (which locks only schedule rows).
+    django-q's scheduler (which locks only schedule rows). A gate frame or a delivery's begins
+    (Note [A delivery's passes begin together] in ``durable_agent/tasks.py``) carrying several
+    hosts take them one after another in ascending id order.
 
 Note [Lock one table]
     Every row lock names the one table it means. On PostgreSQL, ``FOR UPDATE`` without ``OF``
