@@ -127,7 +127,7 @@ def _run_begun(host_id: int, p: Pass) -> dict[str, Any]:
 
 #: How many hosts of a delivery one transaction begins at most (Note [A delivery's passes
 #: begin together]); ``fire_alarms`` checks its time budget between groups.
-GROUP = 4
+GROUP = 8
 
 
 def begin_together(deliveries: Sequence[tuple[int, datetime]]) -> list[Pass | None]:
