@@ -533,7 +533,7 @@ class AlarmFiring:
             task ``durable_agent.tasks.fire_alarms`` runs its hosts' passes one after the
             other, each as ``fire_alarm`` runs it (held until its deadline, the early-fire
             guard, its own lease, its own completion, its own record), but for its begin: on
-            PostgreSQL a group of up to eight hosts begins in one transaction (Note [A
+            PostgreSQL a group of up to four hosts begins in one transaction (Note [A
             delivery's passes begin together] in
             ``durable_agent/tasks.py``). A task left with one host is an
             ordinary ``fire_alarm`` task, so alarms that do not come due together are
