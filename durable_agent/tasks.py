@@ -17,6 +17,7 @@ from durable_agent.maintenance import failpoints, passes, retention
 from durable_agent.maintenance.passes.finish import MAX_PASS_ERROR_LENGTH
 from durable_agent.maintenance.passes.run import begin, run_begun
 from durable_agent.maintenance.passes.state import Lease, Pass, renew
+from durable_agent.maintenance.store.rows import lock_and_read_many, read_ahead, writes_gathered
 from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import BindingRetry, DueLane, MaintenanceState
 from durable_agent.runtime import get_runtime
@@ -153,13 +154,17 @@ def begin_together(deliveries: Sequence[tuple[int, datetime]]) -> list[Pass | No
         Locks. The group's state rows are taken up front and never waited for: a host whose
         state row another transaction holds (a producer's commit, another cluster's pass), or
         that has no state row yet, is not begun here and runs alone afterwards, as every pass
-        did before. Each begin then re-locks its own state row (held already) and locks its
-        lanes, and no transaction locks a host's lanes without first holding its state row
-        (Note [Lock order] in ``durable_agent/maintenance/store/transactions.py``), so the
-        group's transaction waits for no lock another transaction holds and cannot deadlock
-        with any. Within it the order is Note [Lock order]'s, one host after another in
-        ascending id order, as a gate frame carrying several hosts takes them
-        (tests/locks.py checks both).
+        did before. One call then re-locks each locked host's state row (held already) and
+        locks its lanes, host after host in ascending id order, and reads them (Note [A
+        group's reads in one call] in ``durable_agent/maintenance/store/rows.py``); no
+        transaction locks a host's lanes without first holding its state row (Note [Lock
+        order] in ``durable_agent/maintenance/store/transactions.py``), so the group's
+        transaction waits for no state row or lane another transaction holds and cannot
+        deadlock with any. Within it the order is Note [Lock order]'s, one host after another
+        in ascending id order, as a gate frame carrying several hosts takes them
+        (tests/locks.py checks both), but for the slots: every begin's writes, its slot's
+        included, go out in one statement at the group's end (Note [A group's writes in one
+        statement], which says why no transaction can wait on that order).
 
         Failure. Any error in the group's transaction rolls all of it back, and every host of
         the group runs alone, exactly as before this note (a host whose begin failed fails
@@ -197,9 +202,12 @@ def begin_together(deliveries: Sequence[tuple[int, datetime]]) -> list[Pass | No
     begun: set[int] = set()
     try:
         with transaction.atomic(using=alias):
-            for host_id in sorted(_lock_free(alias, list(made))):
-                begin(made[host_id], join=True)
-                begun.add(host_id)
+            locked = sorted(_lock_free(alias, list(made)))
+            # Note [A group's reads in one call], Note [A group's writes in one statement]
+            with read_ahead(lock_and_read_many(locked)), writes_gathered(alias):
+                for host_id in locked:
+                    begin(made[host_id], join=True)
+                    begun.add(host_id)
             if any(not isinstance(made[host_id].lease, Lease) for host_id in begun):
                 _flushed(alias)
     except Exception:

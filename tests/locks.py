@@ -170,8 +170,13 @@ def _function_locks(sql: str, params: Any) -> list[tuple[str, int | None]] | Non
     for name, tables in FUNCTION_LOCKS.items():
         if re.search(rf"\b{name}\s*\(", sql):
             host = params[0] if isinstance(params, list | tuple) and params else None
-            steps = [(f"SELECT * FROM {tables[0]} FOR UPDATE", host)]
-            return steps + [(f"SELECT * FROM {table} FOR UPDATE", None) for table in tables[1:]]
+            # one call for several hosts (Note [A group's reads in one call]): each in turn
+            hosts = host if isinstance(host, list) else [host]
+            steps = []
+            for one in hosts:
+                steps.append((f"SELECT * FROM {tables[0]} FOR UPDATE", one))
+                steps += [(f"SELECT * FROM {table} FOR UPDATE", None) for table in tables[1:]]
+            return steps
     return None
 
 

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django_q.models import Schedule
 
 from durable_agent import conf, lanes, tasks
 from durable_agent.maintenance import alarm, failpoints, gate
 from durable_agent.maintenance.failpoints import FailpointError
 from durable_agent.maintenance.passes.state import Lease, Pass
+from durable_agent.maintenance.store import rows
 from durable_agent.models import Host, MaintenanceState, PassRecord
 from durable_agent.testing import FakeClock
 from tests.maintenance.helpers import caught_up
@@ -176,3 +178,31 @@ def test_begin_together__a_failure_after_a_begin_rolls_back_the_begins_before_it
     leases = _leases()
     assert not any(leases[h.pk] for h in hosts)
     assert ran == []
+
+
+def test_begin_together__the_groups_reads_are_one_call_and_its_writes_one_statement(
+    clock: FakeClock,
+) -> None:
+    """Note [A group's reads in one call], Note [A group's writes in one statement]."""
+    ran: list[int] = []
+    hosts, deliveries = _due_hosts(4, clock, ran)
+    with CaptureQueriesContext(connections["default"]) as captured:
+        begun = tasks.begin_together(deliveries)
+    assert all(isinstance(p, Pass) and isinstance(p.lease, Lease) for p in begun)
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert sum("durable_agent_lock_and_read" in s for s in sql) == 1, sql
+    assert sum(s.startswith("WITH w0 AS (") for s in sql) == 1, sql
+    assert rows._pending.ahead == {}  # nothing of the group's reads outlives it
+    for p in begun:  # every begin wrote what it writes alone: its lease, its slot
+        assert p is not None
+        state = MaintenanceState.objects.get(host_id=p.host.pk)
+        assert isinstance(p.lease, Lease)
+        assert state.pass_lease_owner == p.lease.owner
+        slot = alarm.scheduled(p.host)  # the backstop, armed by the group's writes
+        assert slot is not None
+        assert slot > clock.now()
+    for (host_id, _), p in zip(deliveries, begun, strict=True):
+        assert p is not None
+        tasks._run_begun(host_id, p)
+    assert ran == [h.pk for h in hosts]
+    assert all(alarm.scheduled(h) is None for h in hosts)

@@ -399,6 +399,10 @@ class _Pending(threading.local):
     def __init__(self) -> None:
         # per alias: (statement with its RETURNING, what the answer selects, params, then)
         self.writes: dict[str, list[tuple[str, str, list[Any], Then | None]]] = {}
+        # per alias: the writes of the blocks inside a ``writes_gathered`` block
+        self.gathered: dict[str, list[tuple[str, str, list[Any], Then | None]]] = {}
+        # Note [A group's reads in one call]: host id -> its read, taken once
+        self.ahead: dict[int, tuple[MaintenanceState, LanesRead]] = {}
 
 
 _pending = _Pending()
@@ -453,11 +457,25 @@ def writes_together(alias: str) -> Iterator[Batch]:
             del _pending.writes[alias]
         else:
             _pending.writes[alias] = outer
+    gathered = _pending.gathered.get(alias)
+    if gathered is not None and outer is None and not batch.unflushed:
+        gathered += writes  # Note [A group's writes in one statement]
+        return
+    _send(connection, writes, unflushed=batch.unflushed)
+
+
+def _send(
+    connection: BaseDatabaseWrapper,
+    writes: list[tuple[str, str, list[Any], Then | None]],
+    *,
+    unflushed: bool,
+) -> None:
+    """Run ``writes`` as one statement, then each one's follow-up on its answer, in order."""
     if not writes:
         return
     parts = ", ".join(f"w{i} AS ({write[0]})" for i, write in enumerate(writes))
     answer = ", ".join(f"(SELECT {write[1]} FROM w{i})" for i, write in enumerate(writes))
-    if batch.unflushed:
+    if unflushed:
         answer += ", set_config('synchronous_commit', 'off', true)"
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {parts} SELECT {answer}", [p for write in writes for p in write[2]])
@@ -465,6 +483,43 @@ def writes_together(alias: str) -> Iterator[Batch]:
     for (_, _, _, then), value in zip(writes, row[: len(writes)], strict=True):
         if then is not None:
             then(int(value))
+
+
+@contextmanager
+def writes_gathered(alias: str) -> Iterator[None]:
+    """Send the writes of every outermost :func:`writes_together` block run within this one as
+    one statement at its end, on PostgreSQL (elsewhere each block runs as before).
+
+    Note [A group's writes in one statement]
+        A group of hosts begun in one transaction (Note [A delivery's passes begin together]
+        in ``durable_agent/tasks.py``) sent each begin's writes (its state row, its lanes, its
+        slot, Note [One write statement per alarm transaction]) in a statement of its own.
+        Inside this block each begin's writes wait for the block's end and go out together,
+        each write still a ``WITH`` query of its own, each follow-up (a lane's
+        compare-and-set check, a record's history trim) run on its own answer in the order
+        written. Nothing a later begin of the group reads is written by an earlier one (each
+        begin reads and writes its own host's rows), so the one snapshot changes nothing a
+        begin sees; a begin that asks for its commit not to wait for the flush sends its
+        writes at once, as before (the group's transaction decides its flush itself). The
+        rows written are the group's hosts' state rows and lanes, which the transaction holds
+        already, and their slots; a slot is locked, then, after the other hosts' lanes rather
+        than before them, which no transaction can wait on: every transaction that locks a
+        host's lanes or writes its slot holds its state row first (Note [Lock order] in
+        ``durable_agent/maintenance/store/transactions.py``), and the group holds every one
+        of its hosts' state rows from its first statement; the firing and django-q's
+        scheduler lock slots alone and wait for no lane or state row. A block that raises
+        drops the writes gathered, with the transaction they belonged to.
+    """
+    if connections[alias].vendor != "postgresql" or alias in _pending.gathered:
+        yield
+        return
+    gathered: list[tuple[str, str, list[Any], Then | None]] = []
+    _pending.gathered[alias] = gathered
+    try:
+        yield
+    finally:
+        del _pending.gathered[alias]
+    _send(connections[alias], gathered, unflushed=False)
 
 
 def slot_deadline(schedule: Schedule | None) -> datetime | None:
@@ -573,6 +628,7 @@ class _Shape:
 _shapes: dict[tuple[str, str], _Shape] = {}
 _refused: set[tuple[str, str]] = set()
 _checked: set[tuple[str, str]] = set()
+_checked_many: set[tuple[str, str]] = set()
 
 
 def _out_names(connection: BaseDatabaseWrapper) -> list[tuple[str, str]]:
@@ -691,6 +747,10 @@ def lock_and_read(host_id: int) -> tuple[MaintenanceState, LanesRead] | None:
 
         Anywhere but PostgreSQL the two statements run as before.
     """
+    if _pending.ahead:
+        ahead = _pending.ahead.pop(host_id, None)
+        if ahead is not None:
+            return ahead
     connection = connections[router.db_for_write(MaintenanceState)]
     if not usable(connection):
         return None
@@ -714,6 +774,13 @@ def lock_and_read(host_id: int) -> tuple[MaintenanceState, LanesRead] | None:
         return None
     if not rows:
         return None
+    return _locked_read(rows, connection, shape)
+
+
+def _locked_read(
+    rows: Sequence[Sequence[Any]], connection: BaseDatabaseWrapper, shape: _Shape
+) -> tuple[MaintenanceState, LanesRead]:
+    """One host's rows of the function's result (at least one) as its state row and read."""
     reads = _reads(connection)
     state = reads.state.instance(rows[0][: shape.n_state], connection)
     assert isinstance(state, MaintenanceState)
@@ -721,3 +788,65 @@ def lock_and_read(host_id: int) -> tuple[MaintenanceState, LanesRead] | None:
     if rest[0][0] is None:  # no lanes: the host and its slot alone
         return state, lanes_read(rest, reads, connection, lanes=False)
     return state, lanes_read(rest, reads, connection)
+
+
+#: The function called for several hosts in one statement, one host after another in the
+#: order given, each host's rows in the order the function returns them (its ordinality,
+#: the result's last column, which :func:`lock_and_read_many` drops).
+CALL_MANY = (
+    "SELECT f.* FROM unnest(%s::bigint[]) WITH ORDINALITY AS h (id, n) "
+    f"CROSS JOIN LATERAL {FUNCTION}(h.id) WITH ORDINALITY AS f ORDER BY h.n, f.ordinality"
+)
+
+
+def lock_and_read_many(host_ids: Sequence[int]) -> dict[int, tuple[MaintenanceState, LanesRead]]:
+    """:func:`lock_and_read` for each of ``host_ids``, in the order given, in one call (Note
+    [A group's reads in one call]); a host the answer does not hold (no state row yet, or not
+    here) is left out, and its transaction calls :func:`lock_and_read` itself.
+
+    Note [A group's reads in one call]
+        A group of hosts begun in one transaction (Note [A delivery's passes begin together]
+        in ``durable_agent/tasks.py``) locked and read each host in a call of its own. On
+        PostgreSQL the group's calls are one statement, a ``LATERAL`` call of the same
+        function for each host in ascending id order, and each begin takes its host's part
+        of the answer (:func:`read_ahead`) instead of calling: the same locks in the same
+        order (each host's state row, which the group holds already, then its lanes), the
+        same rows, one round trip for the group. The answer's columns are checked as
+        :func:`lock_and_read` checks its own, once a process.
+    """
+    connection = connections[router.db_for_write(MaintenanceState)]
+    if not usable(connection) or not host_ids:
+        return {}
+    shape = _shape(connection)
+    key = (connection.alias, connection.vendor)
+    with reading(connection) as cursor:
+        cursor.execute(CALL_MANY, [list(host_ids)])
+        names = None if key in _checked_many else tuple(c.name for c in cursor.description)
+        rows = cursor.fetchall()
+    if names is not None and names == (*shape.names, "ordinality"):
+        _checked_many.add(key)
+    elif names is not None or (rows and len(rows[0]) != len(shape.names) + 1):
+        _refused.add(key)
+        logger.error(
+            "%s returned columns other than the models' (a migration not applied, or a "
+            "django-q version whose Schedule differs): this process locks and reads in two "
+            "statements",
+            FUNCTION,
+        )
+        return {}
+    by_host: dict[int, list[Sequence[Any]]] = {}
+    for row in rows:  # the state row's first column is its host
+        by_host.setdefault(int(row[0]), []).append(row[:-1])
+    return {host: _locked_read(found, connection, shape) for host, found in by_host.items()}
+
+
+@contextmanager
+def read_ahead(found: dict[int, tuple[MaintenanceState, LanesRead]]) -> Iterator[None]:
+    """Within the block, :func:`lock_and_read` of a host in ``found`` returns its read once,
+    without a call (Note [A group's reads in one call]); what the block leaves unused is
+    dropped at its end."""
+    _pending.ahead = dict(found)
+    try:
+        yield
+    finally:
+        _pending.ahead = {}
