@@ -66,3 +66,10 @@ if os.environ.get("DA_FIRE_AHEAD_MS"):
         **globals().get("DURABLE_AGENT", {}),
         "FIRE_AHEAD_MS": int(os.environ["DA_FIRE_AHEAD_MS"]),
     }
+
+if os.environ.get("DA_BATCH_HOSTS"):
+    # An experiment's ALARM_BATCH_HOSTS (docs/settings.md).
+    DURABLE_AGENT = {
+        **globals().get("DURABLE_AGENT", {}),
+        "ALARM_BATCH_HOSTS": int(os.environ["DA_BATCH_HOSTS"]),
+    }
