@@ -761,20 +761,36 @@ def lock_and_read(host_id: int) -> tuple[MaintenanceState, LanesRead] | None:
         # the names once a process (``description`` builds an object a column), the count always
         names = None if key in _checked else tuple(c.name for c in cursor.description)
         rows = cursor.fetchall()
-    if names is not None and names == shape.names:
-        _checked.add(key)
-    elif names is not None or (rows and len(rows[0]) != len(shape.names)):
-        _refused.add(key)
-        logger.error(
-            "%s returned columns other than the models' (a migration not applied, or a "
-            "django-q version whose Schedule differs): this process locks and reads in two "
-            "statements",
-            FUNCTION,
-        )
+    if not _readable(key, names, rows, shape.names, _checked):
         return None
     if not rows:
         return None
     return _locked_read(rows, connection, shape)
+
+
+def _readable(
+    key: tuple[str, str],
+    names: tuple[str, ...] | None,
+    rows: Sequence[Sequence[Any]],
+    expected: tuple[str, ...],
+    checked: set[tuple[str, str]],
+) -> bool:
+    """Whether a call's answer has the ``expected`` columns: by name the first time a process
+    reads it (``names``; then ``checked``), by count always. Else the process stops calling
+    the function (Note [Lock and read in one call]) and logs it once."""
+    if names is not None and names == expected:
+        checked.add(key)
+        return True
+    if names is None and not (rows and len(rows[0]) != len(expected)):
+        return True
+    _refused.add(key)
+    logger.error(
+        "%s returned columns other than the models' (a migration not applied, or a "
+        "django-q version whose Schedule differs): this process locks and reads in two "
+        "statements",
+        FUNCTION,
+    )
+    return False
 
 
 def _locked_read(
@@ -823,16 +839,7 @@ def lock_and_read_many(host_ids: Sequence[int]) -> dict[int, tuple[MaintenanceSt
         cursor.execute(CALL_MANY, [list(host_ids)])
         names = None if key in _checked_many else tuple(c.name for c in cursor.description)
         rows = cursor.fetchall()
-    if names is not None and names == (*shape.names, "ordinality"):
-        _checked_many.add(key)
-    elif names is not None or (rows and len(rows[0]) != len(shape.names) + 1):
-        _refused.add(key)
-        logger.error(
-            "%s returned columns other than the models' (a migration not applied, or a "
-            "django-q version whose Schedule differs): this process locks and reads in two "
-            "statements",
-            FUNCTION,
-        )
+    if not _readable(key, names, rows, (*shape.names, "ordinality"), _checked_many):
         return {}
     by_host: dict[int, list[Sequence[Any]]] = {}
     for row in rows:  # the state row's first column is its host
