@@ -21,6 +21,12 @@ system reports as failed, an ERROR logged by a worker process, a worker that die
 retried. ``--hog N`` runs N CPU hogs (a busy loop each, at normal priority) through every
 system's measured rounds, started after its warm-up: how each degrades with the cores busy.
 Shorter: ``--runs 1``, ``--only``, fewer ``--timers``/``--burst``, ``--spread 10``.
+
+``--interleave`` runs the live scenarios round after round instead: round 1 of every system
+(each started, warmed up, run once and stopped), then round 2 of every system, and so on, in
+the same order each round (durable_agent last). This machine's speed drifts by a quarter or
+more within minutes, and a system whose runs all fall in a slow stretch would otherwise be
+judged by it alone; interleaved, each round's drift meets every system.
 """
 
 from __future__ import annotations
@@ -90,24 +96,42 @@ def warm_up(system: System) -> bool:
     return ready
 
 
-def run_system(column: Column, args: argparse.Namespace, logs: Path) -> None:
-    from bench import faults
-    from bench.peers.models import Run
-
+def run_system(
+    column: Column,
+    args: argparse.Namespace,
+    logs: Path,
+    runs: range | None = None,
+    commit: bool = True,
+) -> None:
+    """The system's commit scenario (with ``commit``), then its workers start, run the live
+    scenarios' ``runs`` (every run by default) and stop."""
     system = column.system
+    if column.skipped:
+        return
     reason = system.unavailable()
     if reason:
         column.skipped = reason
         print(f"{system.name}: skipped: {reason}", flush=True)
         return
     system.clean()
-    if "commit" in args.scenarios:
+    if commit and "commit" in args.scenarios:
         for run in range(args.runs):
             column.add("commit", scenarios.commit(system, run, args.commit_ops))
         system.clean()  # the wake-ups scheduled an hour ahead must not reach the workers
+    if runs is None:
+        runs = range(args.runs)
     live = [name for name in ("lateness", "burst", "immediate") if name in args.scenarios]
-    if not live:
-        return
+    if live and runs:
+        run_live(column, args, logs, live, runs)
+
+
+def run_live(
+    column: Column, args: argparse.Namespace, logs: Path, live: list[str], runs: range
+) -> None:
+    from bench import faults
+    from bench.peers.models import Run
+
+    system = column.system
     errors = tempfile.mkdtemp(prefix="bench-peers-")
     processes = system.start(errors, logs / f"{system.name}.log")
     patience = PATIENCE.get(system.name, DEFAULT_PATIENCE)
@@ -117,7 +141,7 @@ def run_system(column: Column, args: argparse.Namespace, logs: Path) -> None:
             return
         hogs = start_hogs(args.hog)
         try:
-            run_rounds(column, system, args, live, patience)
+            run_rounds(column, system, args, live, patience, runs)
         finally:
             stop_hogs(hogs)
     finally:
@@ -158,10 +182,15 @@ def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run_rounds(
-    column: Column, system: System, args: argparse.Namespace, live: list[str], patience: float
+    column: Column,
+    system: System,
+    args: argparse.Namespace,
+    live: list[str],
+    patience: float,
+    runs: range,
 ) -> None:
-    """``--runs`` rounds of the live scenarios, each round every scenario once."""
-    for run in range(args.runs):
+    """The rounds ``runs`` of the live scenarios, each round every scenario once."""
+    for run in runs:
         if "lateness" in live:
             outcome = scenarios.lateness(system, run, args.timers, args.spread, patience)
             column.add("lateness", outcome)
@@ -222,6 +251,14 @@ def render(columns: list[Column], args: argparse.Namespace) -> None:
         ["scenario"] + [c.system.name for c in columns],
         body,
     )
+    for name, label in (("burst rate", "burst tasks/s"), ("immediate p50", "immediate p50 ms")):
+        runs = [
+            f"{c.system.name} " + ", ".join(f"{v:.1f}" for v in c.figures[name])
+            for c in columns
+            if c.figures.get(name)
+        ]
+        if runs:
+            print(f"- {label}, each run in order: " + "; ".join(runs))
     for column in columns:
         if column.skipped:
             print(f"- {column.system.name}: skipped: {column.skipped}")
@@ -246,6 +283,12 @@ def main() -> None:
         help="CPU hogs (busy processes) running through every system's measured rounds",
     )
     parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="run round after round, every system once a round (each started, warmed up and "
+        "stopped for its round), so that the machine's drift meets every system alike",
+    )
+    parser.add_argument(
         "--scenarios",
         nargs="+",
         choices=["lateness", "burst", "commit", "immediate"],
@@ -258,10 +301,20 @@ def main() -> None:
     columns = [Column(system) for system in build(args.only)]
     # durable_agent runs last: any of its alarms still armed would be fired (and its hosts
     # swept) by the django-q2 columns' clusters, which share its Schedule table.
-    for column in sorted(columns, key=lambda c: isinstance(c.system, DurableAgent)):
-        began = time.monotonic()
-        run_system(column, args, logs)
-        print(f"{column.system.name}: {time.monotonic() - began:.0f} s", flush=True)
+    ordered = sorted(columns, key=lambda c: isinstance(c.system, DurableAgent))
+    if args.interleave:  # every system's commit scenario, then round after round
+        for column in ordered:
+            run_system(column, args, logs, runs=range(0))
+        for run in range(args.runs):
+            for column in ordered:
+                began = time.monotonic()
+                run_system(column, args, logs, runs=range(run, run + 1), commit=False)
+                print(f"{column.system.name}: {time.monotonic() - began:.0f} s", flush=True)
+    else:
+        for column in ordered:
+            began = time.monotonic()
+            run_system(column, args, logs)
+            print(f"{column.system.name}: {time.monotonic() - began:.0f} s", flush=True)
     render(columns, args)
     print(f"\ntotal {time.monotonic() - started:.0f} s; worker logs in {logs}")
 
