@@ -26,7 +26,7 @@ database saw from the due instant until the burst drained: statements (the firin
 claim and acknowledgement, the task's result row, the pass, its record, the handler's own
 insert), commits and connection health checks, per drained host, and the statements by the
 span that ran them (the firing, the alarm task and its pass, django-q's own work outside
-them).
+them), then each statement's text (its first characters) with its count per drained host.
 """
 
 from __future__ import annotations
@@ -189,13 +189,16 @@ def cpu_per_host(during: Counter[str], drained: int) -> list[float]:
     ]
 
 
-def counted(hosts: int, workers: int, lead: float) -> list[Any]:
-    """One traced run of ``hosts`` hosts: what the database saw per drained host."""
+def counted(hosts: int, workers: int, lead: float) -> tuple[list[Any], list[list[Any]]]:
+    """One traced run of ``hosts`` hosts: what the database saw per drained host, in all (by
+    the span that ran it) and statement by statement (the first ``SHOWN`` characters of each
+    statement's text and its outermost span, a row each, most frequent first)."""
     directory = tempfile.mkdtemp(prefix="bench-burst-trace-")
     outcome = run(hosts, workers, lead, trace_dir=directory)
     start, end = (float(v) for v in (Path(directory) / "window").read_text().split())
     kinds: Counter[str] = Counter()
     by_span: Counter[str] = Counter()
+    by_text: Counter[tuple[str, str]] = Counter()
     for path in Path(directory).glob("trace-*.tsv"):
         lines = [line.split("\t") for line in path.read_text().splitlines()]
         spans = [
@@ -203,24 +206,33 @@ def counted(hosts: int, workers: int, lead: float) -> list[Any]:
             for a, b, _, thread, kind, name in lines
             if kind == "span"
         ]
-        for a, _, _, thread, kind, _ in lines:
+        for a, _, _, thread, kind, name in lines:
             if not start <= float(a) <= end or kind not in ("sql", "commit", "health"):
                 continue
             kinds[kind] += 1
+            span = _outermost(spans, float(a), thread)
+            by_text[(span, name[:SHOWN] if kind == "sql" else kind)] += 1
             if kind == "sql":
-                by_span[_outermost(spans, float(a), thread)] += 1
-    drained = int(outcome[1])
-    per = {k: kinds[k] / max(drained, 1) for k in ("sql", "commit", "health")}
-    shown = ", ".join(f"{name} {n / max(drained, 1):.2f}" for name, n in by_span.most_common())
-    return [hosts, drained, per["sql"], per["commit"], per["health"], shown]
+                by_span[span] += 1
+    drained = max(int(outcome[1]), 1)
+    per = {k: kinds[k] / drained for k in ("sql", "commit", "health")}
+    shown = ", ".join(f"{name} {n / drained:.2f}" for name, n in by_span.most_common())
+    texts = [[f"{n / drained:.3f}", span, text] for (span, text), n in by_text.most_common()]
+    return [hosts, int(outcome[1]), per["sql"], per["commit"], per["health"], shown], texts
+
+
+#: How much of a statement's text ``counted`` shows.
+SHOWN = 90
 
 
 def _outermost(spans: list[tuple[float, float, str, str]], at: float, thread: str) -> str:
-    """The outermost traced span of ``thread`` around ``at``: the firing, the alarm task (its
-    pass), or none (django-q's own work: claiming, acknowledging, saving the result)."""
+    """The outermost traced span of ``thread`` around ``at``: the firing, an alarm
+    transaction, or none (django-q's own work: claiming, acknowledging, saving the result;
+    and, in a delivery, what runs between its traced transactions: the group's begin, the
+    lane handlers' own statements)."""
     enclosing = [s for s in spans if s[2] == thread and s[0] <= at <= s[1]]
     if not enclosing:
-        return "django-q (outside any span)"
+        return "no traced span (django-q, a group's begin, handlers)"
     name = max(enclosing, key=lambda s: s[1] - s[0])[3]
     return name.split()[0].split(".")[-1]
 
@@ -306,11 +318,18 @@ def main() -> None:
         ],
     )
     if args.count:
+        row, texts = counted(args.count, args.workers, args.lead)
         table(
             f"Burst drain, what the database saw per drained host, one traced run of "
             f"{args.count} hosts ({machine()})",
             ["hosts", "drained", "statements", "commits", "health checks", "statements by span"],
-            [counted(args.count, args.workers, args.lead)],
+            [row],
+        )
+        table(
+            "The same run statement by statement: per drained host, the outermost span, the "
+            f"statement's first {SHOWN} characters (or the commit, the health check)",
+            ["per host", "span", "statement"],
+            [[n, span, "`" + text.replace("|", "/") + "`"] for n, span, text in texts],
         )
 
 
