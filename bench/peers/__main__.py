@@ -100,11 +100,11 @@ def run_system(
     column: Column,
     args: argparse.Namespace,
     logs: Path,
-    runs: range | None = None,
+    runs: range,
     commit: bool = True,
 ) -> None:
     """The system's commit scenario (with ``commit``), then its workers start, run the live
-    scenarios' ``runs`` (every run by default) and stop."""
+    scenarios' ``runs`` and stop (none started when ``runs`` is empty)."""
     system = column.system
     if column.skipped:
         return
@@ -118,8 +118,6 @@ def run_system(
         for run in range(args.runs):
             column.add("commit", scenarios.commit(system, run, args.commit_ops))
         system.clean()  # the wake-ups scheduled an hour ahead must not reach the workers
-    if runs is None:
-        runs = range(args.runs)
     live = [name for name in ("lateness", "burst", "immediate") if name in args.scenarios]
     if live and runs:
         run_live(column, args, logs, live, runs)
@@ -302,19 +300,16 @@ def main() -> None:
     # durable_agent runs last: any of its alarms still armed would be fired (and its hosts
     # swept) by the django-q2 columns' clusters, which share its Schedule table.
     ordered = sorted(columns, key=lambda c: isinstance(c.system, DurableAgent))
-    if args.interleave:  # every system's commit scenario, then round after round
+    if args.interleave:  # every system's commit scenario first, then round after round
         for column in ordered:
-            run_system(column, args, logs, runs=range(0))
-        for run in range(args.runs):
-            for column in ordered:
-                began = time.monotonic()
-                run_system(column, args, logs, runs=range(run, run + 1), commit=False)
-                print(f"{column.system.name}: {time.monotonic() - began:.0f} s", flush=True)
+            run_system(column, args, logs, range(0))
+        segments = [(c, range(r, r + 1), False) for r in range(args.runs) for c in ordered]
     else:
-        for column in ordered:
-            began = time.monotonic()
-            run_system(column, args, logs)
-            print(f"{column.system.name}: {time.monotonic() - began:.0f} s", flush=True)
+        segments = [(c, range(args.runs), True) for c in ordered]
+    for column, runs, commit in segments:
+        began = time.monotonic()
+        run_system(column, args, logs, runs, commit=commit)
+        print(f"{column.system.name}: {time.monotonic() - began:.0f} s", flush=True)
     render(columns, args)
     print(f"\ntotal {time.monotonic() - started:.0f} s; worker logs in {logs}")
 
