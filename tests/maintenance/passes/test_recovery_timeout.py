@@ -104,21 +104,31 @@ def test_run_recovery__a_hung_sweep_in_an_attempt_faults_with_timeout_and_others
     ``run recovery``, the other thread's head settles in the same pass, and the retry 5 s
     later clears the fault once the read answers (docs/pass.md, "A recovery
     read that does not return")."""
-    # b's attempt writes while a's waits: give it three seconds to finish first (SQLite's
-    # in-memory test database refuses a second writer instead of waiting; with one second,
-    # a loaded CI machine once failed the pass with "database table is locked").
+    # The two attempts run side by side, and SQLite's in-memory test database refuses a read
+    # of a table another connection is writing ("database table is locked") instead of
+    # waiting. So b's sweep starts only once a's has (a has read its cursor and writes nothing
+    # until its timeout), and b gets three seconds to write before a's timeout records the
+    # fault. Without that order a loaded CI machine failed the pass in a's cursor read.
     settings.DURABLE_AGENT = {**settings.DURABLE_AGENT, "RECOVERY_TIMEOUT_MS": 3000}
     hung = runtime.submit(host, "a")
     other = runtime.submit(host, "b")
-    release = threading.Event()
+    release, a_sweeping = threading.Event(), threading.Event()
+    b_waited: list[bool] = []
 
     def hang(cursor: str | None) -> RecoverySweep:
+        a_sweeping.set()
         release.wait(HUNG_S)
         return RecoverySweep()
 
+    def after_a(cursor: str | None) -> RecoverySweep:
+        b_waited.append(a_sweeping.wait(HUNG_S / 4))
+        return RecoverySweep()
+
     runtime.script_recovery(host, "a", hang)
+    runtime.script_recovery(host, "b", after_a)
     try:
         elapsed = fire(clock)
+        assert b_waited == [True], "b's sweep did not see a's start"
         assert not release.is_set()
         assert elapsed < HUNG_S / 2, f"the pass waited {elapsed:.1f} s for the hung read"
         assert other.settled
