@@ -14,9 +14,10 @@ from django.db.models import F, Q
 from durable_agent import clock, conf
 from durable_agent.errors import HostNotFound, PassError
 from durable_agent.maintenance import failpoints, passes, retention
-from durable_agent.maintenance.passes.finish import MAX_PASS_ERROR_LENGTH
+from durable_agent.maintenance.passes.finish import MAX_PASS_ERROR_LENGTH, PassReport
 from durable_agent.maintenance.passes.run import begin, run_begun
 from durable_agent.maintenance.passes.state import Lease, Pass, renew
+from durable_agent.maintenance.passes.waves import one_wave_only, run_waves_together
 from durable_agent.maintenance.store.rows import lock_and_read_many, read_ahead, writes_gathered
 from durable_agent.maintenance.store.transactions import user_atomic_depth
 from durable_agent.models import BindingRetry, DueLane, MaintenanceState
@@ -91,12 +92,17 @@ def fire_alarms(deliveries: list[Any], **_: Any) -> dict[str, Any]:
         group = pairs[start : start + GROUP]
         for pair in group:
             hold_until(pair[1])
-        for (host_id, when), begun in zip(group, begin_together(group), strict=True):
+        begun_group = begin_together(group)
+        together = _waves_together(begun_group)
+        for (host_id, when), begun in zip(group, begun_group, strict=True):
             failpoints.hit("maintenance:batch:next")
             try:
-                results.append(
-                    _fire(host_id, when) if begun is None else _run_begun(host_id, begun)
-                )
+                if host_id in together:
+                    results.append(_outcome(host_id, together[host_id]))
+                else:
+                    results.append(
+                        _fire(host_id, when) if begun is None else _run_begun(host_id, begun)
+                    )
             except PassError as exc:
                 failures.append((host_id, str(exc)))
     if failures:
@@ -112,6 +118,22 @@ def _deadline(deadline: str | datetime | None) -> datetime:
     """A delivery's deadline as ``fire_alarm`` reads it (now when it carries none)."""
     when = datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline
     return clock.now() if when is None else when
+
+
+def _waves_together(begun: list[Pass | None]) -> dict[int, PassReport | Exception]:
+    """Run the passes of ``begun`` that have one wave to run and still hold their lease
+    together (Note [A group's finishes together] in ``durable_agent/maintenance/passes/
+    waves.py``), when there are two or more: their outcomes by host id."""
+    waves = [p for p in begun if p is not None and one_wave_only(p) and keep_lease(p)]
+    return run_waves_together(waves) if len(waves) > 1 else {}
+
+
+def _outcome(host_id: int, outcome: PassReport | Exception) -> dict[str, Any]:
+    """``fire_alarm``'s answer for a pass run together with others."""
+    if isinstance(outcome, Exception):
+        logger.error("The pass of host %s failed", host_id, exc_info=outcome)
+        raise PassError(error_text(outcome, limit=MAX_PASS_ERROR_LENGTH))
+    return outcome.as_dict()
 
 
 def _run_begun(host_id: int, p: Pass) -> dict[str, Any]:

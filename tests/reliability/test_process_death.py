@@ -141,3 +141,54 @@ def test_process_death__a_group_begun_together_leaves_every_host_armed(
     assert sorted(ran) == sorted(h.pk for h in hosts)  # each lane ran once its lease expired
     assert not DueLane.objects.filter(host__in=hosts, due_at__isnull=False).exists()
     assert all(alarm.scheduled(h) is None for h in hosts)
+
+
+# The same group, the child dying after both handlers ran, before the transaction that
+# finishes both passes (Note [A group's finishes together] in
+# durable_agent/maintenance/passes/waves.py).
+GROUP_FINISH_FLOW = GROUP_FLOW.replace(
+    'lanes.register("outbox", lambda ctx: None)',
+    "def outbox(ctx):\n"
+    '    Host.objects.create(key="ran-" + str(ctx.host.pk))\n'
+    "\n"
+    'lanes.register("outbox", outbox)',
+).replace('"maintenance:begin:after"', '"maintenance:finish:before"')
+
+
+def test_process_death__a_group_dying_before_its_finish_runs_each_handler_again(
+    clock: FakeClock,
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from durable_agent import conf, lanes
+    from durable_agent.maintenance import run_pass
+    from durable_agent.models import DueLane, PassRecord
+    from tests.maintenance.helpers import caught_up
+
+    assert GROUP_FINISH_FLOW != GROUP_FLOW
+    ran: list[int] = []
+    lanes.register("outbox", lambda ctx: ran.append(ctx.host.pk))
+    hosts = [Host.objects.create(key=f"group-finish-dies-{i}") for i in range(2)]
+    for host in hosts:
+        caught_up(host)
+        run_pass(host)  # stores the registry key: the child's passes have one wave each
+    started = timezone.now()
+    child = run_python(PRELUDE + GROUP_FINISH_FLOW.format(first=hosts[0].pk, second=hosts[1].pk))
+    assert child.returncode == 17, f"the flow never reached its failpoint: {child.stderr[-2000:]}"
+    for host in hosts:
+        assert Host.objects.filter(key=f"ran-{host.pk}").exists()  # its handler ran and wrote
+        audit = audit_host(Host.objects.select_related("alarm").get(pk=host.pk))
+        assert audit.ok, audit.violations
+        slot = alarm.scheduled(host)  # armed by the group's begin, within the lease
+        assert slot is not None
+        assert slot <= started + conf.pass_lease_ttl() + timedelta(seconds=5)
+        assert DueLane.objects.get(host=host, lane="outbox").due_at is not None
+        assert PassRecord.objects.filter(host=host).count() == 1  # the setup's: none finished
+    assert clock.now() > timezone.now() + conf.pass_lease_ttl()  # this process runs later
+    for host in hosts:
+        drain(host, clock, limit=50)
+    assert sorted(ran) == sorted(h.pk for h in hosts)  # each handler once more, then done
+    assert not DueLane.objects.filter(host__in=hosts, due_at__isnull=False).exists()
+    assert all(alarm.scheduled(h) is None for h in hosts)

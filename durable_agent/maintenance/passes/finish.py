@@ -31,7 +31,7 @@ from durable_agent.maintenance.store.transactions import (
     no_sooner_than_minimum,
     run_alarm_transaction,
 )
-from durable_agent.models import Host, PassRecord
+from durable_agent.models import Host, PassPhase, PassRecord
 from durable_agent.text import error_text
 
 
@@ -267,3 +267,21 @@ def write_record(
         },
         then=prune,
     )
+
+
+def record_failure(p: Pass, exc: BaseException) -> None:
+    """A begun pass failed with ``exc``: back it off (durable recovery) and record it."""
+    try:
+        rearm_failure(p)
+    except Exception:
+        logger.exception(
+            "Backing off a failed pass failed",
+            extra=log_extra(p.host, action="rearm_failure"),
+        )
+    failed = PassReport(
+        host=p.host.key,
+        phase=PassPhase.FAILED.value,
+        lateness_ms=p.lateness_ms,
+        generation=p.generation,
+    )
+    record(p.host, p.started_at, failed, deadline=p.slot_time, error=exc)

@@ -85,8 +85,8 @@ from durable_agent.maintenance.passes.finish import (
     PassReport,
     check_deadline,
     finish,
-    rearm_failure,
     record,
+    record_failure,
     record_pass,
     recorded,
     report_of,
@@ -212,20 +212,7 @@ def _after_begin(p: Pass) -> PassReport:
                 finish(p, taken)
                 released = True
             except BaseException as exc:
-                try:
-                    rearm_failure(p)
-                except Exception:
-                    logger.exception(
-                        "Backing off a failed pass failed",
-                        extra=log_extra(p.host, action="rearm_failure"),
-                    )
-                failed = PassReport(
-                    host=p.host.key,
-                    phase=PassPhase.FAILED.value,
-                    lateness_ms=p.lateness_ms,
-                    generation=p.generation,
-                )
-                record(p.host, p.started_at, failed, deadline=slot_time, error=exc)
+                record_failure(p, exc)
                 raise
     finally:
         if not released:
