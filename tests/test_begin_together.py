@@ -10,16 +10,15 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
-from django_q.models import Schedule
 
-from durable_agent import conf, lanes, tasks
-from durable_agent.maintenance import alarm, failpoints, gate
+from durable_agent import conf, tasks
+from durable_agent.maintenance import alarm, failpoints
 from durable_agent.maintenance.failpoints import FailpointError
 from durable_agent.maintenance.passes.state import Lease, Pass
 from durable_agent.maintenance.store import rows
 from durable_agent.models import Host, MaintenanceState, PassRecord
 from durable_agent.testing import FakeClock
-from tests.maintenance.helpers import caught_up
+from tests.maintenance.helpers import due_together
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -27,23 +26,9 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 def _due_hosts(
     count: int, clock: FakeClock, ran: list[int]
 ) -> tuple[list[Host], list[tuple[int, datetime]]]:
-    """``count`` caught-up hosts, each with an ``outbox`` lane due now whose handler appends
-    the host's id to ``ran``, and their delivery: their slots fired, as the broker fires them,
-    and the clock at the latest deadline."""
-    lanes.register("outbox", lambda ctx: ran.append(ctx.host.pk))
-    hosts = [Host.objects.create(key=f"together-{i}") for i in range(count)]
-    for host in hosts:
-        caught_up(host)
-        gate.schedule(host, "outbox", clock.now())
-    deliveries = []
-    for host in hosts:
-        when = alarm.scheduled(host)
-        assert when is not None
-        deliveries.append((host.pk, when))
-    slots = Host.objects.filter(pk__in=[h.pk for h in hosts]).values_list("alarm_id", flat=True)
-    Schedule.objects.filter(pk__in=list(slots)).update(repeats=0)
-    clock.set(max(when for _, when in deliveries))
-    return hosts, deliveries
+    """``count`` hosts with an ``outbox`` lane due now whose handler appends the host's id to
+    ``ran``, and their delivery (``due_together``)."""
+    return due_together(count, clock, lambda ctx: ran.append(ctx.host.pk), key="together")
 
 
 def _leases() -> dict[int, str | None]:

@@ -3,21 +3,19 @@ together] in ``durable_agent/maintenance/passes/waves.py``)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
-from django_q.models import Schedule
 
-from durable_agent import lanes, tasks
+from durable_agent import tasks
 from durable_agent.errors import PassError
-from durable_agent.maintenance import alarm, gate, run_pass
+from durable_agent.maintenance import alarm
 from durable_agent.maintenance.passes import waves
 from durable_agent.models import DueLane, Host, MaintenanceState, PassRecord
 from durable_agent.testing import FakeClock
-from tests.maintenance.helpers import caught_up
+from tests.maintenance.helpers import due_together
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -25,21 +23,9 @@ RECORD = 'INSERT INTO "durable_agent_passrecord"'
 
 
 def _deliver(count: int, clock: FakeClock, handler: Any) -> tuple[list[Host], list[list[Any]]]:
-    """``count`` caught-up hosts, each with an ``outbox`` lane due now run by ``handler`` and
-    nothing else to run, and their delivery (their slots fired, as the broker fires them)."""
-    lanes.register("outbox", handler)
-    hosts = [Host.objects.create(key=f"finish-together-{i}") for i in range(count)]
-    pairs: list[tuple[int, datetime]] = []
-    for host in hosts:
-        caught_up(host)
-        run_pass(host)  # stores the registry key: the next pass has only the wave to run
-        gate.schedule(host, "outbox", clock.now())
-        when = alarm.scheduled(host)
-        assert when is not None
-        pairs.append((host.pk, when))
-    slots = Host.objects.filter(pk__in=[h.pk for h in hosts]).values_list("alarm_id", flat=True)
-    Schedule.objects.filter(pk__in=list(slots)).update(repeats=0)
-    clock.set(max(when for _, when in pairs))
+    """``count`` hosts whose only work is an ``outbox`` lane due now run by ``handler``, and
+    their delivery as ``fire_alarms`` takes it."""
+    hosts, pairs = due_together(count, clock, handler, key="finish-together", one_wave=True)
     return hosts, [[h, when.isoformat()] for h, when in pairs]
 
 
