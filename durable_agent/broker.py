@@ -1,13 +1,13 @@
 """django-q brokers that fire due alarm slots within milliseconds (the fast path).
 
 django-q2's own scheduler scans the ``Schedule`` table only every ~30 s, inside the cluster's
-sentinel. These brokers keep that scan as the backstop and run the firing loop in the pusher's
-dequeue (Note [Wake at the deadline]): they learn of due slots from a PostgreSQL notification
-(``durable_agent/alarm_listener.py``, migration 0009's trigger) and from a cheap probe (the
-earliest armed ``next_run``, an index-only lookup on the partial index
-``da_schedule_armed_next_run``), and fire at the deadline: alarm slots a batch at a time
-(Note [Fire alarm slots in batches]), with django-q's ONCE semantics (``repeats``, the
-``deadline`` kwarg, the transactional enqueue), anything else with django-q's
+sentinel. These brokers move that scan into the pusher (Note [The pusher is the cluster's
+scheduler]) and run the firing loop in its dequeue (Note [Wake at the deadline]): they learn
+of due slots from a PostgreSQL notification (``durable_agent/alarm_listener.py``, migration
+0009's trigger) and from a cheap probe (the earliest armed ``next_run``, an index-only lookup
+on the partial index ``da_schedule_armed_next_run``), and fire at the deadline: alarm slots a
+batch at a time (Note [Fire alarm slots in batches]), with django-q's ONCE semantics
+(``repeats``, the ``deadline`` kwarg, the transactional enqueue), anything else with django-q's
 ``scheduler()``. The tasks a firing enqueued are handed to this cluster's workers at once.
 
 Enable it in settings::
@@ -66,6 +66,7 @@ PROBE_INTERVAL = 0.1  # without notifications (SQLite, or the listener is down)
 PROMPT_TASK = "durable_agent.tasks.prompt_pass"
 BATCH = "durable_agent:alarms"  # the django-q group of its tasks
 LISTENING_PROBE_INTERVAL = 1.0  # with them: the trigger covers the next 2 s
+BACKSTOP_SECONDS = 30.0  # as django-q's guard (Note [The pusher is the cluster's scheduler])
 
 
 def _mine() -> Q:
@@ -213,6 +214,7 @@ class AlarmFiring:
         self._last_fired: datetime | None = None
         self._fired_ahead: datetime | None = None  # Note [Fire ahead, run at the deadline]
         self._next_sweep = 0.0  # once at start: a restarted cluster re-arms lost alarms first
+        self._failing_since: float | None = None  # Note [The pusher is the cluster's scheduler]
         self.due_at: datetime | None = None
         self._fired: list[Any] = []
         self._firing = False
@@ -248,9 +250,31 @@ class AlarmFiring:
         return self.probe_interval
 
     def ping(self) -> bool:
-        """django-q's sentinel pings its broker first thing; see Note [SIGTERM to the group]."""
+        """django-q's sentinel pings its broker first thing; see Note [SIGTERM to the group]
+        and Note [The pusher is the cluster's scheduler].
+
+        Note [The pusher is the cluster's scheduler]
+            django-q's sentinel runs ``scheduler()`` in its guard loop every ~30 s: one
+            transaction that locks every due schedule of the cluster ``FOR UPDATE`` (waiting,
+            not skipping) and fires each, an alarm slot included, as a task of its own. With
+            this broker the pusher already fires whatever of the cluster is due (its probe reads
+            the same rows: armed, of this cluster), alarm slots a batch at a time; the guard's
+            scan only competes with it. In a 10 000-host burst it met the drain in two rounds
+            of three and fired up to 8 656 slots one task a host; while it held them, the
+            pusher's batch firings skipped them and its own ``scheduler()`` waited on their
+            locks (docs/benchmarks.md, "A group's finishes together"). So in the sentinel
+            ``ping()`` turns that scan off (``Conf.SCHEDULER``, which django-q reads there
+            alone: the sentinel's process only, before it forks its children) and the pusher
+            keeps the backstop: when its firings have failed for ``BACKSTOP_SECONDS`` (30 s,
+            the guard's period) without one succeeding, it runs the stock ``scheduler()``
+            itself, and again every 30 s while they fail (``_backstop``); a failure that passes
+            is retried at the probe rate as before. A cluster with another broker keeps
+            django-q's scan; ``"scheduler": False`` in ``Q_CLUSTER`` never stopped this
+            broker's firing and does not now.
+        """
         if _in_sentinel():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            Conf.SCHEDULER = False  # Note [The pusher is the cluster's scheduler]
         return bool(super().ping())  # type: ignore[misc]
 
     def set_stat(self, key: str, value: str, timeout: int) -> None:
@@ -418,27 +442,46 @@ class AlarmFiring:
             any batch shorter than its size ran it.
         """
         try:
-            self.probe()
-            first = self.due_at
-            if first is None:
-                return False
-            now = timezone.now()
-            if first >= now:
-                return self.fire_ahead(first, now)
-            stuck = first == self._last_fired  # the last firing left this very slot armed
-            self.due_at = None
-            with self._firing_round():
-                if self.fire_alarm_batch() >= max(1, int(Conf.BULK)):
-                    self.due_at = first  # still due (or fired): fire again without a probe
-                    return True
-                scheduler(broker=self)  # Note [The stock scheduler runs after a short firing]
-            self._last_fired = first
-            if not stuck:  # while slots keep coming due, look again at once
-                self._next_probe = 0.0
-        except Exception:  # the stock 30 s scan remains the backstop
+            fired = self._fire_due()
+        except Exception:
             logger.exception("Firing due alarm slots failed")
+            self._backstop()
             return False
+        self._failing_since = None
+        return fired
+
+    def _fire_due(self) -> bool:
+        self.probe()
+        first = self.due_at
+        if first is None:
+            return False
+        now = timezone.now()
+        if first >= now:
+            return self.fire_ahead(first, now)
+        stuck = first == self._last_fired  # the last firing left this very slot armed
+        self.due_at = None
+        with self._firing_round():
+            if self.fire_alarm_batch() >= max(1, int(Conf.BULK)):
+                self.due_at = first  # still due (or fired): fire again without a probe
+                return True
+            scheduler(broker=self)  # Note [The stock scheduler runs after a short firing]
+        self._last_fired = first
+        if not stuck:  # while slots keep coming due, look again at once
+            self._next_probe = 0.0
         return True
+
+    def _backstop(self) -> None:
+        """Once firings have failed for ``BACKSTOP_SECONDS`` without one succeeding, django-q's
+        stock ``scheduler()`` (which logs its own errors and fires nothing when it fails), and
+        again every ``BACKSTOP_SECONDS`` while they keep failing (Note [The pusher is the
+        cluster's scheduler])."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since < BACKSTOP_SECONDS:
+            return
+        self._failing_since = now
+        scheduler(broker=self)
 
     @contextmanager
     def _firing_round(self) -> Iterator[None]:

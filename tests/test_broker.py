@@ -145,7 +145,7 @@ def test_probe__after_a_firing_it_looks_again_at_once_but_not_at_a_stuck_slot(
     broker.probe_interval = 60.0
     fired: list[int] = []
     monkeypatch.setattr(broker_module, "scheduler", lambda broker: fired.append(1))
-    monkeypatch.setattr(AlarmBroker, "fire_alarm_batch", lambda self: 0)
+    monkeypatch.setattr(AlarmBroker, "fire_alarm_batch", lambda self, due_before=None: 0)
     assert fire_when_due(broker) is True  # the slot is due; this firing cannot fire it
     assert broker.fire_due_alarms() is True  # a firing: looked again at once
     assert broker.fire_due_alarms() is False  # the same slot again: back to the probe rate
@@ -398,7 +398,7 @@ def test_dequeue__a_rolled_back_firing_hands_over_nothing(
         raise RuntimeError("the firing's transaction rolls back")
 
     monkeypatch.setattr(Schedule, "save", fail)
-    monkeypatch.setattr(AlarmBroker, "fire_alarm_batch", lambda self: 0)
+    monkeypatch.setattr(AlarmBroker, "fire_alarm_batch", lambda self, due_before=None: 0)
     broker = AlarmBroker()
     broker.listen = False
     assert broker.fire_due_alarms() is True  # django-q logged the failure and rolled back
