@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ from django_q.models import OrmQ, Schedule
 from durable_agent import alarm_listener
 from durable_agent.alarm_listener import AlarmListener, Wake
 from durable_agent.broker import (
+    BACKSTOP_SECONDS,
     PROBE_INTERVAL,
     AlarmBroker,
     earliest_armed,
@@ -431,6 +433,65 @@ def test_dequeue__a_rolled_back_batch_firing_fires_nothing(
     monkeypatch.undo()
     broker._next_probe = 0.0
     assert len(broker.dequeue()) == 2  # the next probe fires them
+
+
+def test_backstop__firings_failing_for_30_s_run_the_stock_scheduler_until_one_succeeds(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts = [Host.objects.create(key=f"backstop-{i}") for i in range(2)]
+    deadline = timezone.now() - timedelta(seconds=1)
+    for host in hosts:
+        caught_up(host)
+        gate.schedule(host, LIFECYCLE, timezone.now())
+    Schedule.objects.update(next_run=deadline)
+
+    def fail(self: AlarmBroker, due_before: object = None) -> int:
+        raise RuntimeError("the batch firing fails every time")
+
+    monkeypatch.setattr(AlarmBroker, "fire_alarm_batch", fail)
+    broker = AlarmBroker()
+    broker.listen = False
+    assert broker.fire_due_alarms() is False  # logged: the first failure fires nothing
+    assert OrmQ.objects.count() == 0
+    assert broker._failing_since is not None
+    broker._failing_since -= BACKSTOP_SECONDS - 1  # failing for 29 s: still nothing
+    broker._next_probe = 0.0
+    assert broker.fire_due_alarms() is False
+    assert OrmQ.objects.count() == 0
+    broker._failing_since -= 1  # for 30 s: django-q's stock scheduler fires them, a task each
+    broker._next_probe = 0.0
+    assert broker.fire_due_alarms() is False
+    assert OrmQ.objects.count() == 2
+    assert [alarm.scheduled(host) for host in hosts] == [None, None]  # fired
+    assert broker._failing_since > time.monotonic() - 1  # the next one in another 30 s
+    monkeypatch.undo()
+    gate.schedule(hosts[0], LIFECYCLE, timezone.now())
+    broker._next_probe = 0.0
+    assert fire_when_due(broker) is True
+    assert broker._failing_since is None  # a firing succeeded: the count starts again
+
+
+def test_ping__in_the_sentinel_turns_django_qs_guard_scan_off(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_q.cluster import Sentinel
+    from django_q.conf import Conf
+
+    import durable_agent.broker as broker_module
+
+    # The guard loop runs its scan only while Conf.SCHEDULER holds: pinned, so a django-q2
+    # that reads anything else fails here rather than scanning alongside the pusher again.
+    assert "counter >= 30 and Conf.SCHEDULER" in inspect.getsource(Sentinel.guard)
+    monkeypatch.setattr(Conf, "SCHEDULER", True)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert AlarmBroker().ping() is True  # not in a cluster's child process: unchanged
+        assert Conf.SCHEDULER is True
+        monkeypatch.setattr(broker_module, "_in_sentinel", lambda: True)
+        assert AlarmBroker().ping() is True
+        assert Conf.SCHEDULER is False
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_probe__a_slot_due_after_the_next_probe_is_left_for_it(db: None) -> None:
