@@ -465,9 +465,12 @@ def test_backstop__firings_failing_for_30_s_run_the_stock_scheduler_until_one_su
     assert [alarm.scheduled(host) for host in hosts] == [None, None]  # fired
     assert broker._failing_since > time.monotonic() - 1  # the next one in another 30 s
     monkeypatch.undo()
-    gate.schedule(hosts[0], LIFECYCLE, timezone.now())
+    other = Host.objects.create(key="backstop-next")  # theirs are queued: their slots hold
+    caught_up(other)
+    gate.schedule(other, LIFECYCLE, timezone.now())
     broker._next_probe = 0.0
     assert fire_when_due(broker) is True
+    assert OrmQ.objects.count() == 3
     assert broker._failing_since is None  # a firing succeeded: the count starts again
 
 
