@@ -52,8 +52,7 @@ def _fire(host_id: int, when: datetime) -> dict[str, Any]:
         logger.warning("Alarm fired for host %s, which no longer exists", host_id)
         return {"host": None, "phase": "stale"}
     except Exception as exc:
-        logger.error("The pass of host %s failed", host_id, exc_info=True)
-        raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
+        raise _pass_failed(host_id, exc) from None
 
 
 #: How long one ``fire_alarms`` delivery begins new groups of passes for; the hosts left after
@@ -124,16 +123,22 @@ def _waves_together(begun: list[Pass | None]) -> dict[int, PassReport | Exceptio
     """Run the passes of ``begun`` that have one wave to run and still hold their lease
     together (Note [A group's finishes together] in ``durable_agent/maintenance/passes/
     waves.py``), when there are two or more: their outcomes by host id."""
-    waves = [p for p in begun if p is not None and one_wave_only(p) and keep_lease(p)]
+    waves = [p for p in begun if one_wave_only(p) and keep_lease(p)]
     return run_waves_together(waves) if len(waves) > 1 else {}
 
 
 def _outcome(host_id: int, outcome: PassReport | Exception) -> dict[str, Any]:
     """``fire_alarm``'s answer for a pass run together with others."""
     if isinstance(outcome, Exception):
-        logger.error("The pass of host %s failed", host_id, exc_info=outcome)
-        raise PassError(error_text(outcome, limit=MAX_PASS_ERROR_LENGTH))
+        raise _pass_failed(host_id, outcome)
     return outcome.as_dict()
+
+
+def _pass_failed(host_id: int | str, exc: Exception) -> PassError:
+    """What a task raises for a pass that failed with ``exc``, its traceback logged here
+    (``fire_alarm``'s Raises)."""
+    logger.error("The pass of host %s failed", host_id, exc_info=exc)
+    return PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH))
 
 
 def _run_begun(host_id: int, p: Pass) -> dict[str, Any]:
@@ -144,8 +149,7 @@ def _run_begun(host_id: int, p: Pass) -> dict[str, Any]:
     try:
         return run_begun(p).as_dict()
     except Exception as exc:
-        logger.error("The pass of host %s failed", host_id, exc_info=True)
-        raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
+        raise _pass_failed(host_id, exc) from None
 
 
 #: How many hosts of a delivery one transaction begins at most (Note [A delivery's passes
@@ -305,8 +309,7 @@ def prompt_pass(host_id: int, **_: Any) -> dict[str, Any]:
     except HostNotFound:
         return {"host": None, "phase": "stale"}
     except Exception as exc:
-        logger.error("The pass of host %s failed", host_id, exc_info=True)
-        raise PassError(error_text(exc, limit=MAX_PASS_ERROR_LENGTH)) from None
+        raise _pass_failed(host_id, exc) from None
 
 
 def hold_until(deadline: datetime) -> None:

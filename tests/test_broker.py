@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from unittest import mock
 
 import pytest
@@ -409,15 +409,21 @@ def test_dequeue__a_rolled_back_firing_hands_over_nothing(
     assert alarm.scheduled(host) == deadline  # still armed, for the next probe
 
 
-def test_dequeue__a_rolled_back_batch_firing_fires_nothing(
-    db: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    hosts = [Host.objects.create(key=f"rollback-{i}") for i in range(2)]
+def _overdue_hosts(key: str) -> tuple[list[Host], datetime]:
+    """Two caught-up hosts whose slots are armed and were due a second ago, and that deadline."""
+    hosts = [Host.objects.create(key=f"{key}-{i}") for i in range(2)]
     deadline = timezone.now() - timedelta(seconds=1)
     for host in hosts:
         caught_up(host)
         gate.schedule(host, LIFECYCLE, timezone.now())
     Schedule.objects.update(next_run=deadline)
+    return hosts, deadline
+
+
+def test_dequeue__a_rolled_back_batch_firing_fires_nothing(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts, deadline = _overdue_hosts("rollback")
 
     def fail(alias: str, slots: list[Schedule]) -> None:
         raise RuntimeError("the batch's slot update fails after its tasks were inserted")
@@ -438,12 +444,7 @@ def test_dequeue__a_rolled_back_batch_firing_fires_nothing(
 def test_backstop__firings_failing_for_30_s_run_the_stock_scheduler_until_one_succeeds(
     db: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hosts = [Host.objects.create(key=f"backstop-{i}") for i in range(2)]
-    deadline = timezone.now() - timedelta(seconds=1)
-    for host in hosts:
-        caught_up(host)
-        gate.schedule(host, LIFECYCLE, timezone.now())
-    Schedule.objects.update(next_run=deadline)
+    hosts, _ = _overdue_hosts("backstop")
 
     def fail(self: AlarmBroker, due_before: object = None) -> int:
         raise RuntimeError("the batch firing fails every time")

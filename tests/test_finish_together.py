@@ -100,7 +100,6 @@ def test_fire_alarms__a_failed_group_finish_finishes_each_pass_alone(
 ) -> None:
     ran: list[int] = []
     hosts, delivery = _deliver(3, clock, lambda ctx: ran.append(ctx.host.pk))
-    real = waves.lock_and_read_many
 
     def broken(host_ids: Any) -> Any:
         raise RuntimeError("the group's read failed")
@@ -108,7 +107,7 @@ def test_fire_alarms__a_failed_group_finish_finishes_each_pass_alone(
     monkeypatch.setattr(waves, "lock_and_read_many", broken)
     with CaptureQueriesContext(connections["default"]) as captured:
         result = tasks.fire_alarms(delivery)
-    monkeypatch.setattr(waves, "lock_and_read_many", real)
+    monkeypatch.undo()
     assert ran == [h.pk for h in hosts]  # each handler once
     assert [r["phase"] for r in result["hosts"]] == ["caught-up"] * 3
     assert all(_settled(h) for h in hosts)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.db import router, transaction
 
@@ -504,7 +504,7 @@ def wave_ran(p: Pass, taken: Lease) -> Callable[[AlarmTx], None]:
     return fn
 
 
-def one_wave_only(p: Pass | None) -> bool:
+def one_wave_only(p: Pass | None) -> TypeGuard[Pass]:
     """Is ``p`` a begun pass whose lease is taken and whose only work is the one wave its
     begin charged (Note [Nothing or one wave to run])?"""
     return p is not None and isinstance(p.lease, Lease) and p.wave is not None and not p.finished
